@@ -1,0 +1,133 @@
+"""flaggems: Triton operators for PyTorch, with vendor plugins.
+
+Typical use::
+
+    import flaggems
+    flaggems.enable()            # route aten ops to the best installed implementation
+    ...
+    flaggems.disable()           # native kernels again
+
+``import flaggems`` discovers the installed plugins (entry-point group
+``flaggems.plugins``) but imports no kernel module and selects no backend;
+both happen at the first ``enable()``, ``routes()`` or ``info()``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import warnings
+from typing import Any, Iterable, Iterator
+
+from . import config as _config
+from .binding import Decline
+from .hookspecs import hookimpl
+from .types import Backend, OpImpl, ProbeResult, Tuning
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "Backend",
+    "Decline",
+    "OpImpl",
+    "ProbeResult",
+    "Tuning",
+    "backend",
+    "disable",
+    "enable",
+    "enabled",
+    "hookimpl",
+    "info",
+    "is_enabled",
+    "routes",
+    "tuning",
+]
+
+
+def _runtime():
+    from .runtime import RUNTIME
+
+    return RUNTIME
+
+
+def enable(include: Iterable[str] | None = None, exclude: Iterable[str] | None = None) -> None:
+    """Route aten operators to flaggems implementations.
+
+    Args:
+        include: op names to route (``"copy_"``, ``"repeat_interleave.Tensor"``);
+            ``None`` routes every op that has an implementation.
+        exclude: op names to leave native. Both take precedence over the
+            environment and the routes file.
+
+    Idempotent and thread-safe: calling it again with the same arguments does
+    nothing; with other arguments it re-routes.
+    """
+    _runtime().enable(include, exclude)
+
+
+def disable() -> None:
+    """Restore every native kernel (idempotent, thread-safe)."""
+    _runtime().disable()
+
+
+def is_enabled() -> bool:
+    """True while flaggems overrides are registered."""
+    return _runtime().enabled_with is not None
+
+
+@contextlib.contextmanager
+def enabled(include: Iterable[str] | None = None, exclude: Iterable[str] | None = None) -> Iterator[None]:
+    """Context manager: ``enable(include, exclude)`` inside, the previous state after."""
+    runtime = _runtime()
+    with runtime.lock:
+        previous = runtime.enabled_with
+        runtime.enable(include, exclude)
+    try:
+        yield
+    finally:
+        with runtime.lock:
+            if previous is None:
+                runtime.disable()
+            else:
+                runtime.enable(previous[0], previous[1])
+
+
+def routes(op: str | None = None) -> list[dict[str, Any]]:
+    """Per op: the implementation chain, the one chosen first, and why.
+
+    Shows the routes in force when enabled, otherwise those ``enable()`` would
+    install. ``op`` narrows the answer to one operator.
+    """
+    from .policy import normalize_op
+
+    table = _runtime().routes()
+    wanted = None if op is None else normalize_op(op)
+    return [route.as_dict() for name, route in table.items() if wanted in (None, name)]
+
+
+def info() -> dict[str, Any]:
+    """Backend (and whether simulated), every probe, every plugin and its status."""
+    return _runtime().info()
+
+
+def backend():
+    """The active :class:`~flaggems.backends.ActiveBackend` (selected on first call)."""
+    return _runtime().active_backend()
+
+
+def tuning(key: str) -> dict[str, Any]:
+    """Merged tuning values for ``key`` (vendor values override generic ones)."""
+    return _runtime().tuning().get(key, {})
+
+
+def _on_import() -> None:
+    _config.warn_unknown()
+    from . import log
+
+    try:
+        log.configure()
+    except ValueError as exc:
+        warnings.warn(f"flaggems: {exc}", RuntimeWarning, stacklevel=3)
+    _runtime().discover()
+
+
+_on_import()

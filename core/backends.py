@@ -1,0 +1,134 @@
+"""Backend descriptors built into the core and the backend selection policy.
+
+Order (no subprocesses, no kernel compiles):
+
+1. ``FLAGGEMS_VENDOR=<name>`` (validated). Without its hardware the vendor's
+   implementations run *simulated* on the device that exists (CUDA, else the
+   CPU interpreter).
+2. An installed vendor backend whose probe says yes (highest priority, then name).
+3. NVIDIA: a CUDA build of torch with a visible device.
+4. The CPU interpreter: Triton's interpreter (``TRITON_INTERPRET=1``) on CPU
+   tensors, dispatch key ``CPU``.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import Sequence
+
+from .types import Backend, ProbeResult, resolve_callable
+
+
+def probe_nvidia() -> ProbeResult:
+    """Available when torch is a CUDA build and sees at least one device."""
+    import torch
+
+    if torch.version.cuda is None:
+        return ProbeResult(False, "torch is not a CUDA build")
+    if not torch.cuda.is_available():
+        return ProbeResult(False, f"CUDA torch {torch.version.cuda} but no visible device")
+    count = torch.cuda.device_count()
+    return ProbeResult(True, f"CUDA {torch.version.cuda}, {count} device(s): {torch.cuda.get_device_name(0)}")
+
+
+def probe_cpu() -> ProbeResult:
+    """The CPU interpreter is always available (slow: for tests and demos)."""
+    return ProbeResult(True, "Triton interpreter on CPU tensors (always available)")
+
+
+NVIDIA = Backend("nvidia", vendor="nvidia", device_type="cuda", dispatch_key="CUDA",
+                 probe=probe_nvidia, description="NVIDIA GPUs through CUDA Triton")
+CPU_INTERPRETER = Backend("cpu", vendor="cpu", device_type="cpu", dispatch_key="CPU",
+                          probe=probe_cpu, description="Triton interpreter on the CPU")
+BUILTIN = (NVIDIA, CPU_INTERPRETER)
+
+
+@dataclass(frozen=True)
+class ActiveBackend:
+    """The backend chosen for this process and how it will run.
+
+    ``device_type`` / ``dispatch_key`` are where kernels actually run; they
+    differ from ``backend``'s when ``simulated`` is true.
+    """
+
+    backend: Backend
+    device_type: str
+    dispatch_key: str
+    simulated: bool
+    interpreter: bool
+    reason: str
+    probes: tuple[tuple[str, ProbeResult], ...] = field(default=())
+
+    @property
+    def name(self) -> str:
+        """Name of the selected backend."""
+        return self.backend.name
+
+    @property
+    def vendor(self) -> str:
+        """Vendor whose implementations apply."""
+        return self.backend.vendor
+
+
+def run_probe(backend: Backend) -> ProbeResult:
+    """Run a backend's probe; a probe that raises counts as unavailable."""
+    try:
+        result = resolve_callable(backend.probe)()
+    except Exception as exc:  # noqa: BLE001 - a broken probe must not break selection
+        return ProbeResult(False, f"probe raised {type(exc).__name__}: {exc}")
+    if not isinstance(result, ProbeResult):
+        return ProbeResult(False, f"probe returned {type(result).__name__}, not ProbeResult")
+    return result
+
+
+def _fallback_device() -> tuple[str, str, bool]:
+    """Device type, dispatch key and interpreter flag of the hardware that exists."""
+    probe = run_probe(NVIDIA)
+    if probe.available:
+        return "cuda", "CUDA", False
+    return "cpu", "CPU", True
+
+
+def select(vendor_backends: Sequence[Backend], requested: str = "") -> ActiveBackend:
+    """Choose the active backend (see the module docstring for the order)."""
+    candidates = {b.name: b for b in (*vendor_backends, *BUILTIN)}
+    probes = tuple((b.name, run_probe(b)) for b in candidates.values())
+    answers = dict(probes)
+    if requested:
+        if requested not in candidates:
+            raise ValueError(
+                f"FLAGGEMS_VENDOR={requested!r} is not a known backend; "
+                f"valid: {', '.join(sorted(candidates))}"
+            )
+        chosen = candidates[requested]
+        if answers[requested].available:
+            return _activate(chosen, False, f"FLAGGEMS_VENDOR={requested}", probes)
+        device, key, interp = _fallback_device()
+        return ActiveBackend(chosen, device, key, True, interp,
+                             f"FLAGGEMS_VENDOR={requested}; no {chosen.device_type} device "
+                             f"({answers[requested].reason}): simulated on {device}", probes)
+    vendors = sorted((b for b in vendor_backends if answers[b.name].available),
+                     key=lambda b: (-b.priority, b.name))
+    if vendors:
+        return _activate(vendors[0], False, f"probe: {answers[vendors[0].name].reason}", probes)
+    if answers["nvidia"].available:
+        return _activate(NVIDIA, False, f"probe: {answers['nvidia'].reason}", probes)
+    return _activate(CPU_INTERPRETER, False, "no GPU backend available", probes)
+
+
+def _activate(backend: Backend, simulated: bool, reason: str,
+              probes: tuple[tuple[str, ProbeResult], ...]) -> ActiveBackend:
+    interp = backend.dispatch_key == "CPU"
+    return ActiveBackend(backend, backend.device_type, backend.dispatch_key, simulated, interp, reason, probes)
+
+
+def prepare_interpreter(active: ActiveBackend) -> None:
+    """Make Triton use its interpreter when kernels run on CPU tensors.
+
+    Triton decides at decoration time (``@triton.jit``) whether a function is
+    interpreted, so this must run before any kernel module is imported. The
+    core imports kernel modules lazily (at ``enable()``), after this call.
+    """
+    if active.interpreter:
+        os.environ["TRITON_INTERPRET"] = "1"

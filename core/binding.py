@@ -1,0 +1,260 @@
+"""The torch binding: the only module of flaggems that calls ``torch.library``.
+
+For every routed op, ``enable()`` builds one Python entry point (a closure
+over pre-resolved callables) and registers it on the backend's dispatch key.
+Per call the entry point does no dict lookup by string, no pluggy call and no
+logging call unless a log channel was on at ``enable()``.
+
+The native kernel is captured with ``torch.library.get_kernel(op, key)``
+*before* overriding and called with ``call_boxed``: it never re-enters
+flaggems. An op re-entered while its own implementation runs (the Triton
+interpreter calls ``copy_`` on CPU tensors, for example) goes native too.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import warnings
+from dataclasses import dataclass
+from typing import Any, Callable, Iterator, Sequence
+
+import torch
+
+from . import log
+from .policy import Route
+from .types import resolve_callable
+
+
+class Decline(Exception):
+    """Raise from an implementation, before any side effect, to pass the call on.
+
+    The core moves to the next implementation in the op's chain (ultimately
+    the native kernel) and logs ``reason`` on the ``fallback`` channel.
+    """
+
+    def __init__(self, reason: str = "declined") -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+class _Guard(threading.local):
+    busy = False
+
+
+class _NativeScope(threading.local):
+    depth = 0
+
+
+_NATIVE_SCOPE = _NativeScope()
+
+
+@contextlib.contextmanager
+def native_scope() -> Iterator[None]:
+    """Route every flaggems-overridden op to its native kernel inside the block.
+
+    The kernel toolkit wraps interpreted (CPU) launches in it: the Triton
+    interpreter copies arguments with torch ops that must not come back here.
+    """
+    _NATIVE_SCOPE.depth += 1
+    try:
+        yield
+    finally:
+        _NATIVE_SCOPE.depth -= 1
+
+
+_PY_NUMBER = (bool, int, float, complex)
+
+
+def _scalar_tensor_like(value: Any, tensors: Sequence[torch.Tensor]) -> torch.Tensor:
+    """Wrap a Python number arriving in a Tensor slot as torch would type it.
+
+    A wrapped number takes the dtype of a tensor operand of the same category;
+    otherwise the default dtype of its category, which reproduces torch's
+    promotion for Python scalars.
+    """
+    def category(dtype: torch.dtype) -> int:
+        if dtype == torch.bool:
+            return 0
+        if dtype.is_complex:
+            return 3
+        return 2 if dtype.is_floating_point else 1
+
+    probe = torch.tensor(value)
+    for tensor in tensors:
+        if category(tensor.dtype) == category(probe.dtype):
+            return torch.tensor(value, dtype=tensor.dtype, device=tensor.device)
+    device = tensors[0].device if tensors else None
+    return probe.to(device) if device is not None else probe
+
+
+@dataclass(frozen=True)
+class NativeKernel:
+    """The native kernel of one op on one dispatch key, callable like the op."""
+
+    op: str
+    kernel: Any
+    keyset: Any
+    tensor_positions: tuple[int, ...]
+    tensor_names: tuple[str, ...]
+
+    @classmethod
+    def capture(cls, op: str, dispatch_key: str) -> NativeKernel:
+        """Capture the current kernel of ``aten::op`` on ``dispatch_key``."""
+        overload = _overload(op)
+        kernel = torch.library.get_kernel(overload, dispatch_key)
+        keyset = torch._C.DispatchKeySet(getattr(torch._C.DispatchKey, dispatch_key))
+        schema = overload._schema
+        positions = tuple(i for i, a in enumerate(schema.arguments)
+                          if not a.kwarg_only and isinstance(a.type, torch.TensorType))
+        names = tuple(a.name for a in schema.arguments if isinstance(a.type, torch.TensorType))
+        return cls(op, kernel, keyset, positions, names)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        """Call the native kernel, re-wrapping Python scalars given for Tensors."""
+        if any(i < len(args) and isinstance(args[i], _PY_NUMBER) for i in self.tensor_positions) or any(
+            isinstance(kwargs.get(n), _PY_NUMBER) for n in self.tensor_names
+        ):
+            args, kwargs = self._rewrap(args, kwargs)
+        return self.kernel.call_boxed(self.keyset, *args, **kwargs)
+
+    def _rewrap(self, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+        tensors = [a for a in (*args, *kwargs.values()) if isinstance(a, torch.Tensor)]
+        new_args = list(args)
+        for i in self.tensor_positions:
+            if i < len(new_args) and isinstance(new_args[i], _PY_NUMBER):
+                new_args[i] = _scalar_tensor_like(new_args[i], tensors)
+        new_kwargs = {k: (_scalar_tensor_like(v, tensors) if k in self.tensor_names and isinstance(v, _PY_NUMBER)
+                          else v) for k, v in kwargs.items()}
+        return tuple(new_args), new_kwargs
+
+
+def _overload(op: str) -> torch._ops.OpOverload:
+    name, _, overload = op.partition(".")
+    packet = getattr(torch.ops.aten, name)
+    return getattr(packet, overload or "default")
+
+
+@dataclass(frozen=True)
+class ResolvedLink:
+    """A chain link with its callables imported."""
+
+    label: str
+    fn: Callable[..., Any]
+    supports: Callable[..., Any] | None
+
+
+def resolve_chain(route: Route) -> tuple[ResolvedLink, ...]:
+    """Import every implementation of a route (lazy references resolve here)."""
+    return tuple(
+        ResolvedLink(link.label, resolve_callable(link.impl.fn),
+                     None if link.impl.supports is None else resolve_callable(link.impl.supports))
+        for link in route.chain
+    )
+
+
+def _decline_reason(verdict: Any) -> str:
+    return verdict if isinstance(verdict, str) else "supports() returned False"
+
+
+def build_entry(op: str, chain: Sequence[ResolvedLink], native: NativeKernel, interpreter: bool,
+                channels: frozenset[str]) -> Callable[..., Any]:
+    """Build the per-op entry point registered with the dispatcher.
+
+    The fast variant (one implementation, no ``supports``, no logging) costs a
+    thread-local read, a store and a ``try``; see the README for the number.
+    """
+    guard = _Guard()
+    scope = _NATIVE_SCOPE
+    if len(chain) == 1 and chain[0].supports is None and not channels:
+        fn = chain[0].fn
+
+        def entry(*args: Any, **kwargs: Any) -> Any:
+            if guard.busy or (interpreter and scope.depth):
+                return native(*args, **kwargs)
+            guard.busy = True
+            try:
+                return fn(*args, **kwargs)
+            except Decline:
+                pass
+            finally:
+                guard.busy = False
+            return native(*args, **kwargs)
+
+        return entry
+    return _build_chain_entry(op, tuple(chain), native, interpreter, channels, guard)
+
+
+def _build_chain_entry(op: str, chain: tuple[ResolvedLink, ...], native: NativeKernel, interpreter: bool,
+                       channels: frozenset[str], guard: _Guard) -> Callable[..., Any]:
+    scope = _NATIVE_SCOPE
+    dispatch_log = log.logger("dispatch") if "dispatch" in channels else None
+    fallback_log = log.logger("fallback") if "fallback" in channels else None
+
+    def entry(*args: Any, **kwargs: Any) -> Any:
+        if guard.busy or (interpreter and scope.depth):
+            if dispatch_log:
+                dispatch_log.info("%s -> native (re-entered)", op)
+            return native(*args, **kwargs)
+        guard.busy = True
+        try:
+            for link in chain:
+                if link.supports is not None:
+                    verdict = link.supports(*args, **kwargs)
+                    if verdict is not True:
+                        if fallback_log:
+                            fallback_log.info("%s: %s declined: %s", op, link.label, _decline_reason(verdict))
+                        continue
+                try:
+                    result = link.fn(*args, **kwargs)
+                except Decline as exc:
+                    if fallback_log:
+                        fallback_log.info("%s: %s declined: %s", op, link.label, exc.reason)
+                    continue
+                if dispatch_log:
+                    dispatch_log.info("%s -> %s", op, link.label)
+                return result
+        finally:
+            guard.busy = False
+        if dispatch_log:
+            dispatch_log.info("%s -> native", op)
+        return native(*args, **kwargs)
+
+    return entry
+
+
+class Binding:
+    """Registrations of one ``enable()``: created by it, removed by ``disable()``."""
+
+    def __init__(self, dispatch_key: str) -> None:
+        self.dispatch_key = dispatch_key
+        self.library: torch.library.Library | None = None
+        self.ops: dict[str, Callable[..., Any]] = {}
+        self.natives: dict[str, NativeKernel] = {}
+
+    def register(self, routes: dict[str, Route], interpreter: bool, channels: frozenset[str]) -> None:
+        """Register one entry per routed op (ops routed to native stay untouched)."""
+        prepared = []
+        for op, route in routes.items():
+            if not route.chain:
+                continue
+            native = NativeKernel.capture(op, self.dispatch_key)
+            entry = build_entry(op, resolve_chain(route), native, interpreter, channels)
+            prepared.append((op, entry, native))
+        library = torch.library.Library("aten", "IMPL")
+        with warnings.catch_warnings():
+            # torch warns once when overriding a C++ kernel: that is the point here.
+            warnings.simplefilter("ignore", UserWarning)
+            for op, entry, native in prepared:
+                library.impl(op, entry, self.dispatch_key)
+                self.ops[op] = entry
+                self.natives[op] = native
+        self.library = library
+
+    def unregister(self) -> None:
+        """Remove every registration, restoring the native kernels."""
+        if self.library is not None:
+            self.library._destroy()
+        self.library = None
+        self.ops.clear()
+        self.natives.clear()

@@ -1,0 +1,149 @@
+"""The one registry of every ``FLAGGEMS_*`` environment variable.
+
+Every variable the library reads is declared here with its type, default and
+documentation; the README's table is checked against this registry by a test.
+Booleans share one truth table (:func:`parse_bool`). Unknown ``FLAGGEMS_*``
+names get a warning, so a typo never silently does nothing.
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+from dataclasses import dataclass
+from typing import Any, Callable, Mapping
+
+TRUE_WORDS = frozenset({"1", "true", "yes", "on"})
+FALSE_WORDS = frozenset({"0", "false", "no", "off", ""})
+
+#: Prefix of the per-op override variables (``FLAGGEMS_OP_copy_=native``).
+OP_PREFIX = "FLAGGEMS_OP_"
+
+
+def parse_bool(name: str, text: str) -> bool:
+    """Parse a boolean the same way for every variable (case-insensitive)."""
+    word = text.strip().lower()
+    if word in TRUE_WORDS:
+        return True
+    if word in FALSE_WORDS:
+        return False
+    raise ValueError(
+        f"{name}={text!r} is not a boolean; use one of "
+        f"{sorted(TRUE_WORDS)} or {sorted(FALSE_WORDS - {''})}"
+    )
+
+
+def parse_list(name: str, text: str) -> tuple[str, ...]:
+    """Parse a comma-separated list, dropping blanks."""
+    return tuple(item.strip() for item in text.split(",") if item.strip())
+
+
+def _parse_str(name: str, text: str) -> str:
+    return text.strip()
+
+
+def _choice_parser(choices: tuple[str, ...]) -> Callable[[str, str], str]:
+    def parse(name: str, text: str) -> str:
+        value = text.strip().lower()
+        if value not in choices:
+            raise ValueError(f"{name}={text!r}: expected one of {', '.join(choices)}")
+        return value
+
+    return parse
+
+
+@dataclass(frozen=True)
+class EnvVar:
+    """Declaration of one environment variable."""
+
+    name: str
+    kind: str
+    default: Any
+    doc: str
+    parse: Callable[[str, str], Any]
+
+    def read(self, environ: Mapping[str, str] | None = None) -> Any:
+        """Return the parsed value from ``environ`` (default: ``os.environ``)."""
+        env = os.environ if environ is None else environ
+        text = env.get(self.name)
+        if text is None:
+            return self.default
+        return self.parse(self.name, text)
+
+
+LOG_CHANNELS = ("dispatch", "fallback", "plugins")
+FORCE_CHOICES = ("generic", "vendor", "native")
+
+REGISTRY: dict[str, EnvVar] = {
+    var.name: var
+    for var in (
+        EnvVar("FLAGGEMS_VENDOR", "str", "",
+               "Select the backend by name (validated; unknown names are an error listing "
+               "the valid ones). Without the hardware the vendor's implementations run "
+               "simulated on the device that exists.", _parse_str),
+        EnvVar("FLAGGEMS_PLUGINS", "list", (),
+               "Allowlist of plugin entry-point names to load; empty loads all.", parse_list),
+        EnvVar("FLAGGEMS_DISABLE_PLUGINS", "list", (),
+               "Plugin entry-point names not to load (applied before import).", parse_list),
+        EnvVar("FLAGGEMS_FORCE", "choice", "",
+               "Route every op to one tier: generic, vendor or native.",
+               _choice_parser(FORCE_CHOICES)),
+        EnvVar("FLAGGEMS_ROUTES", "path", "",
+               "TOML file of per-op routes: op = \"native|generic|<vendor>\".", _parse_str),
+        EnvVar(OP_PREFIX + "<op>", "pattern", "",
+               "Per-op route (native, generic or a vendor); dots in the op name as __, "
+               "e.g. FLAGGEMS_OP_repeat_interleave__Tensor=native.", _parse_str),
+        EnvVar("FLAGGEMS_STRICT", "bool", False,
+               "Turn ambiguities (two implementations at equal priority, a broken or "
+               "invalid plugin) into errors instead of warnings.", parse_bool),
+        EnvVar("FLAGGEMS_LOG", "list", (),
+               "Comma-separated log channels: dispatch, fallback, plugins.", parse_list),
+        EnvVar("FLAGGEMS_CHECK_INDICES", "bool", False,
+               "Validate index arguments with a host synchronisation on GPU "
+               "(always done on the CPU interpreter).", parse_bool),
+    )
+}
+
+
+def get(name: str, environ: Mapping[str, str] | None = None) -> Any:
+    """Read a registered variable; raises ``KeyError`` for an undeclared name."""
+    return REGISTRY[name].read(environ)
+
+
+def op_overrides(environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """Return ``{op: route}`` from ``FLAGGEMS_OP_<op>`` variables (``__`` means ``.``)."""
+    env = os.environ if environ is None else environ
+    return {
+        key[len(OP_PREFIX):].replace("__", "."): value.strip()
+        for key, value in env.items()
+        if key.startswith(OP_PREFIX) and len(key) > len(OP_PREFIX)
+    }
+
+
+def unknown_names(environ: Mapping[str, str] | None = None) -> list[str]:
+    """Return ``FLAGGEMS_*`` names in the environment that are not declared."""
+    env = os.environ if environ is None else environ
+    return sorted(
+        key for key in env
+        if key.startswith("FLAGGEMS_") and key not in REGISTRY and not key.startswith(OP_PREFIX)
+    )
+
+
+def warn_unknown(environ: Mapping[str, str] | None = None) -> None:
+    """Warn once about every unknown ``FLAGGEMS_*`` variable."""
+    for name in unknown_names(environ):
+        warnings.warn(
+            f"unknown environment variable {name} is ignored; "
+            f"known: {', '.join(sorted(REGISTRY))}",
+            RuntimeWarning,
+            stacklevel=3,
+        )
+
+
+def markdown_table() -> str:
+    """Render the registry as the README's Markdown table."""
+    rows = ["| variable | type | default | meaning |", "|---|---|---|---|"]
+    for var in REGISTRY.values():
+        default = ",".join(var.default) if isinstance(var.default, tuple) else var.default
+        rows.append(f"| `{var.name}` | {var.kind} | `{default}` | {var.doc} |")
+    return "\n".join(rows)

@@ -1,0 +1,218 @@
+"""Dispatch policy: which implementation chain each operator gets.
+
+Resolved once, at ``enable()``. Per op the default chain is::
+
+    active vendor implementations (priority, then plugin name)
+      -> generic implementations (same order)
+      -> native torch kernel (always last, never recurses)
+
+Overrides, highest precedence first:
+
+1. ``enable(include=..., exclude=...)``
+2. ``FLAGGEMS_OP_<op>=native|generic|vendor|<vendor or plugin name>``
+3. the routes file ``FLAGGEMS_ROUTES=path.toml`` (``op = "impl"``)
+4. ``FLAGGEMS_FORCE=generic|vendor|native``
+5. the default chain above
+"""
+
+from __future__ import annotations
+
+import sys
+import warnings
+from dataclasses import dataclass, field
+from typing import Iterable, Mapping, Sequence
+
+from . import config
+from .backends import ActiveBackend
+from .types import OpImpl
+
+
+class PolicyError(ValueError):
+    """A route or override that cannot be honoured (raised in strict mode)."""
+
+
+def normalize_op(name: str) -> str:
+    """``"aten::copy_.default"`` -> ``"copy_"``; ``"aten::add.Tensor"`` -> ``"add.Tensor"``."""
+    name = name.strip()
+    if name.startswith("aten::"):
+        name = name[len("aten::"):]
+    if name.endswith(".default"):
+        name = name[: -len(".default")]
+    return name
+
+
+@dataclass(frozen=True)
+class Link:
+    """One implementation in an op's chain."""
+
+    impl: OpImpl
+    plugin: str
+    tier: str  # "vendor" or "generic"
+
+    @property
+    def label(self) -> str:
+        """``plugin[:name]`` as shown in routes and logs."""
+        name = self.impl.name
+        return f"{self.plugin}:{name}" if name and name != self.plugin else self.plugin
+
+
+@dataclass(frozen=True)
+class Route:
+    """The resolved chain of one operator and why it is so."""
+
+    op: str
+    chain: tuple[Link, ...]
+    source: str
+    reason: str
+    candidates: tuple[Link, ...] = ()
+    notes: tuple[str, ...] = field(default=())
+
+    @property
+    def chosen(self) -> str:
+        """Label of the implementation tried first (``native`` when none)."""
+        return self.chain[0].label if self.chain else "native"
+
+    def as_dict(self) -> dict:
+        """Plain-data view for ``routes()`` and JSON output."""
+        return {
+            "op": self.op,
+            "chain": [link.label for link in self.chain] + ["native"],
+            "chosen": self.chosen,
+            "source": self.source,
+            "reason": self.reason,
+            "declines": [link.label for link in self.chain if link.impl.supports is not None],
+            "candidates": [f"{link.label} ({link.tier}, priority {link.impl.priority})"
+                           for link in self.candidates],
+            "notes": list(self.notes),
+        }
+
+
+def load_routes_file(path: str) -> dict[str, str]:
+    """Read ``op = "impl"`` pairs from a TOML routes file."""
+    if sys.version_info >= (3, 11):
+        import tomllib
+    else:  # pragma: no cover - Python 3.10
+        import tomli as tomllib
+    with open(path, "rb") as handle:
+        data = tomllib.load(handle)
+    routes = data.get("routes", data)
+    bad = {k: v for k, v in routes.items() if not isinstance(v, str)}
+    if bad:
+        raise PolicyError(f"{path}: route values must be strings, got {bad}")
+    return {normalize_op(k): v.strip() for k, v in routes.items()}
+
+
+def default_links(impls: Iterable[tuple[str, OpImpl]], active: ActiveBackend) -> dict[str, list[Link]]:
+    """Group applicable implementations by op and order them: vendor tier, then generic."""
+    by_op: dict[str, list[Link]] = {}
+    for plugin, impl in impls:
+        if impl.vendor is not None and impl.vendor != active.vendor:
+            continue
+        tier = "generic" if impl.vendor is None else "vendor"
+        by_op.setdefault(normalize_op(impl.op), []).append(Link(impl, plugin, tier))
+    for links in by_op.values():
+        links.sort(key=lambda link: (link.tier != "vendor", -link.impl.priority, link.plugin))
+    return by_op
+
+
+def _ties(links: Sequence[Link]) -> list[str]:
+    """Describe pairs of same-tier links at equal priority from different plugins."""
+    notes = []
+    for first, second in zip(links, links[1:]):
+        if (first.tier, first.impl.priority) == (second.tier, second.impl.priority) and first.plugin != second.plugin:
+            notes.append(f"{first.label} and {second.label} have equal priority "
+                         f"{first.impl.priority}: chose {first.label} (plugin name order)")
+    return notes
+
+
+def _select(links: Sequence[Link], choice: str, active: ActiveBackend) -> tuple[Link, ...] | None:
+    """Filter a chain by a route value; ``None`` when the value matches nothing."""
+    if choice == "native":
+        return ()
+    if choice in ("generic", "vendor"):
+        picked = tuple(link for link in links if link.tier == choice)
+    elif choice == active.vendor or choice == active.name:
+        picked = tuple(link for link in links if link.tier == "vendor")
+    else:
+        picked = tuple(link for link in links if link.plugin == choice or link.label == choice)
+    return picked or None
+
+
+@dataclass
+class Overrides:
+    """Every override source, gathered once per ``enable()``."""
+
+    include: frozenset[str] | None = None
+    exclude: frozenset[str] = frozenset()
+    per_op_env: Mapping[str, str] = field(default_factory=dict)
+    routes_file: Mapping[str, str] = field(default_factory=dict)
+    routes_path: str = ""
+    force: str = ""
+
+    @classmethod
+    def gather(cls, include: Iterable[str] | None, exclude: Iterable[str] | None,
+               environ: Mapping[str, str] | None = None) -> Overrides:
+        """Read the environment (and routes file) once."""
+        path = config.get("FLAGGEMS_ROUTES", environ)
+        return cls(
+            include=None if include is None else frozenset(normalize_op(o) for o in include),
+            exclude=frozenset(normalize_op(o) for o in exclude or ()),
+            per_op_env={normalize_op(k): v for k, v in config.op_overrides(environ).items()},
+            routes_file=load_routes_file(path) if path else {},
+            routes_path=path,
+            force=config.get("FLAGGEMS_FORCE", environ),
+        )
+
+    def route_value(self, op: str) -> tuple[str, str] | None:
+        """The (value, source) deciding ``op``, highest precedence first."""
+        if op in self.exclude:
+            return "native", "enable(exclude=...)"
+        if self.include is not None and op not in self.include:
+            return "native", "enable(include=...) does not name it"
+        if op in self.per_op_env:
+            env_name = config.OP_PREFIX + op.replace(".", "__")
+            return self.per_op_env[op], f"{env_name}={self.per_op_env[op]}"
+        if op in self.routes_file:
+            return self.routes_file[op], f"routes file {self.routes_path}"
+        if self.force:
+            return self.force, f"FLAGGEMS_FORCE={self.force}"
+        return None
+
+
+def resolve(impls: Iterable[tuple[str, OpImpl]], active: ActiveBackend, overrides: Overrides,
+            strict: bool = False) -> dict[str, Route]:
+    """Build the route of every op that has at least one implementation."""
+    routes: dict[str, Route] = {}
+    for op, links in sorted(default_links(impls, active).items()):
+        notes = _ties(links)
+        if notes and strict:
+            raise PolicyError(f"{op}: " + "; ".join(notes))
+        for note in notes:
+            warnings.warn(f"flaggems: {op}: {note}", RuntimeWarning, stacklevel=3)
+        routes[op] = _route_for(op, links, active, overrides, notes, strict)
+    for op in sorted((overrides.include or frozenset()) - routes.keys()):
+        routes[op] = Route(op, (), "enable(include=...)", "no implementation of this op is installed")
+    return routes
+
+
+def _route_for(op: str, links: list[Link], active: ActiveBackend, overrides: Overrides,
+               notes: list[str], strict: bool) -> Route:
+    decided = overrides.route_value(op)
+    if decided is None:
+        return Route(op, tuple(links), "default", _default_reason(links), tuple(links), tuple(notes))
+    value, source = decided
+    picked = _select(links, value, active)
+    if picked is None:
+        message = (f"{op}: route {value!r} from {source} matches no installed implementation "
+                   f"(have: {', '.join(link.label for link in links)}); using the default chain")
+        if strict:
+            raise PolicyError(message)
+        warnings.warn(f"flaggems: {message}", RuntimeWarning, stacklevel=4)
+        return Route(op, tuple(links), "default", _default_reason(links), tuple(links), (*notes, message))
+    reason = "native kernel only" if not picked else f"restricted to {value}"
+    return Route(op, picked, source, reason, tuple(links), tuple(notes))
+
+
+def _default_reason(links: Sequence[Link]) -> str:
+    tiers = sorted({link.tier for link in links}, key=lambda t: t != "vendor")
+    return "default order: " + " > ".join(tiers) + " > native"

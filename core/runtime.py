@@ -1,0 +1,181 @@
+"""Process-wide state: discovered plugins, the active backend, the binding.
+
+Everything here runs at import, selection or ``enable()`` time. The public
+functions of :mod:`flaggems` are thin wrappers around :data:`RUNTIME`.
+"""
+
+from __future__ import annotations
+
+import threading
+import warnings
+from typing import Any, Iterable
+
+from . import backends, config, log, policy
+from .backends import ActiveBackend
+from .binding import Binding
+from .manager import PluginManager, fill_distributions
+from .types import Backend, OpImpl, Tuning
+
+
+def _as_records(result: Any, kind: type, plugin: str, hook: str) -> list:
+    """Validate a hook's return value: a sequence of ``kind`` records."""
+    items = [result] if isinstance(result, kind) else list(result)
+    bad = [item for item in items if not isinstance(item, kind)]
+    if bad:
+        raise TypeError(f"plugin {plugin!r}: {hook} returned {type(bad[0]).__name__}, expected {kind.__name__}")
+    return items
+
+
+class Runtime:
+    """Owns discovery, backend selection, routing and the torch binding."""
+
+    def __init__(self) -> None:
+        self.lock = threading.RLock()
+        self.manager = PluginManager()
+        self._active: ActiveBackend | None = None
+        self._binding: Binding | None = None
+        self._enabled_with: tuple | None = None
+        self._routes: dict[str, policy.Route] = {}
+        self.discovered = False
+
+    # -- discovery and selection -------------------------------------------
+    def discover(self) -> None:
+        """Load the entry-point plugins once (called on ``import flaggems``)."""
+        with self.lock:
+            if not self.discovered:
+                self.discovered = True
+                self.manager.discover()
+
+    def vendor_backends(self) -> list[Backend]:
+        """Backends declared by the loaded plugins."""
+        found: list[Backend] = []
+        for plugin, result in self.manager.call_each("flaggems_backends"):
+            try:
+                found.extend(_as_records(result, Backend, plugin, "flaggems_backends"))
+            except TypeError as exc:
+                warnings.warn(f"flaggems: {exc}", RuntimeWarning, stacklevel=2)
+        return found
+
+    def active_backend(self) -> ActiveBackend:
+        """Select the backend on first use and cache the answer."""
+        with self.lock:
+            if self._active is None:
+                requested = config.get("FLAGGEMS_VENDOR")
+                self._active = backends.select(self.vendor_backends(), requested)
+                backends.prepare_interpreter(self._active)
+                log.logger("plugins").info("backend %s (%s)", self._active.name, self._active.reason)
+            return self._active
+
+    def reset(self) -> None:
+        """Forget the backend choice (tests change the environment between calls)."""
+        with self.lock:
+            self.disable()
+            self._active = None
+
+    # -- implementations ---------------------------------------------------
+    def implementations(self) -> list[tuple[str, OpImpl]]:
+        """Every ``(plugin, OpImpl)`` offered for the active backend."""
+        active = self.active_backend().backend
+        impls: list[tuple[str, OpImpl]] = []
+        for plugin, result in self.manager.call_each("flaggems_operators", backend=active):
+            try:
+                impls.extend((plugin, impl) for impl in _as_records(result, OpImpl, plugin, "flaggems_operators"))
+            except TypeError as exc:
+                warnings.warn(f"flaggems: {exc}", RuntimeWarning, stacklevel=2)
+        return impls
+
+    def tuning(self) -> dict[str, dict[str, Any]]:
+        """Merged tuning values per key: generic first, the active vendor's on top."""
+        active = self.active_backend()
+        generic: list[Tuning] = []
+        vendor: list[Tuning] = []
+        for plugin, result in self.manager.call_each("flaggems_tuning", backend=active.backend):
+            for item in _as_records(result, Tuning, plugin, "flaggems_tuning"):
+                if item.vendor is None:
+                    generic.append(item)
+                elif item.vendor == active.vendor:
+                    vendor.append(item)
+        merged: dict[str, dict[str, Any]] = {}
+        for item in (*generic, *vendor):
+            merged.setdefault(item.key, {}).update(item.values)
+        return merged
+
+    def compute_routes(self, include: Iterable[str] | None = None,
+                       exclude: Iterable[str] | None = None) -> dict[str, policy.Route]:
+        """Resolve every op's chain under the current overrides (no registration)."""
+        overrides = policy.Overrides.gather(include, exclude)
+        return policy.resolve(self.implementations(), self.active_backend(), overrides,
+                              strict=config.get("FLAGGEMS_STRICT"))
+
+    # -- enable / disable --------------------------------------------------
+    def enable(self, include: Iterable[str] | None = None, exclude: Iterable[str] | None = None) -> None:
+        """Register the routed ops on the backend's dispatch key (idempotent)."""
+        key = (None if include is None else tuple(sorted(include)), tuple(sorted(exclude or ())))
+        with self.lock:
+            if self._binding is not None and self._enabled_with == key:
+                return
+            self.disable()
+            active = self.active_backend()
+            routes = self.compute_routes(include, exclude)
+            binding = Binding(active.dispatch_key)
+            binding.register(routes, active.interpreter, log.configure())
+            self._binding, self._enabled_with, self._routes = binding, key, routes
+
+    def disable(self) -> None:
+        """Remove every registration; native kernels run again (idempotent)."""
+        with self.lock:
+            if self._binding is not None:
+                self._binding.unregister()
+            self._binding, self._enabled_with, self._routes = None, None, {}
+
+    @property
+    def enabled_with(self) -> tuple | None:
+        """The ``(include, exclude)`` of the current enable, or ``None``."""
+        return self._enabled_with
+
+    def routes(self) -> dict[str, policy.Route]:
+        """The routes in force, or those ``enable()`` would install."""
+        with self.lock:
+            return dict(self._routes) if self._binding is not None else self.compute_routes()
+
+    def registered_ops(self) -> list[str]:
+        """Ops currently overridden on the dispatcher."""
+        return sorted(self._binding.ops) if self._binding else []
+
+    # -- reporting ---------------------------------------------------------
+    def info(self) -> dict[str, Any]:
+        """Backend, probes and plugins as plain data."""
+        import torch
+
+        active = self.active_backend()
+        fill_distributions(self.manager.records)
+        try:
+            import triton
+
+            triton_version = triton.__version__
+        except Exception as exc:  # noqa: BLE001
+            triton_version = f"unavailable ({type(exc).__name__}: {exc})"
+        from . import __version__
+
+        return {
+            "flaggems": __version__,
+            "torch": torch.__version__,
+            "triton": triton_version,
+            "backend": {
+                "name": active.name,
+                "vendor": active.vendor,
+                "device_type": active.device_type,
+                "dispatch_key": active.dispatch_key,
+                "simulated": active.simulated,
+                "interpreter": active.interpreter,
+                "reason": active.reason,
+            },
+            "probes": [{"backend": name, "available": p.available, "reason": p.reason}
+                       for name, p in active.probes],
+            "plugins": [rec.as_dict() for rec in self.manager.records.values()],
+            "enabled": self._binding is not None,
+            "registered_ops": self.registered_ops(),
+        }
+
+
+RUNTIME = Runtime()

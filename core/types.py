@@ -1,0 +1,110 @@
+"""Typed records that plugins return from their hooks.
+
+Plugins never touch ``torch.library``: they describe backends and operator
+implementations with these records, and the core's policy decides which one
+runs (see :mod:`flaggems.policy`).
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping, Union
+
+#: A callable, or a lazy reference ``"package.module:attribute"`` that is
+#: imported only when the core needs it (at ``enable()`` time).
+LazyCallable = Union[Callable[..., Any], str]
+
+
+def resolve_callable(ref: LazyCallable) -> Callable[..., Any]:
+    """Import a ``"module:attr"`` reference (or return a callable unchanged)."""
+    if callable(ref):
+        return ref
+    if not isinstance(ref, str) or ":" not in ref:
+        raise TypeError(f"expected a callable or 'module:attr' string, got {ref!r}")
+    module_name, _, attr_path = ref.partition(":")
+    obj: Any = importlib.import_module(module_name)
+    for attr in attr_path.split("."):
+        obj = getattr(obj, attr)
+    if not callable(obj):
+        raise TypeError(f"{ref!r} resolved to a non-callable {type(obj).__name__}")
+    return obj
+
+
+@dataclass(frozen=True)
+class ProbeResult:
+    """Answer of a backend probe: is the hardware usable here, and why (not)."""
+
+    available: bool
+    reason: str
+
+
+@dataclass(frozen=True)
+class Backend:
+    """A hardware backend a plugin can drive.
+
+    Attributes:
+        name: unique backend name, used by ``FLAGGEMS_VENDOR`` (e.g. ``"ascend"``).
+        vendor: the vendor whose operator implementations apply on this backend.
+            ``OpImpl.vendor`` is matched against it.
+        device_type: torch device type of the hardware (``"npu"``, ``"cuda"``).
+        dispatch_key: torch dispatch key the core registers kernels on
+            (``"PrivateUse1"``, ``"CUDA"``, ``"CPU"``).
+        probe: cheap check (no subprocess, no kernel compile) returning
+            :class:`ProbeResult`; a lazy ``"module:attr"`` reference is allowed.
+        priority: among several available backends the highest wins.
+        description: one line shown by ``flaggems info``.
+    """
+
+    name: str
+    vendor: str
+    device_type: str
+    dispatch_key: str
+    probe: LazyCallable
+    priority: int = 0
+    description: str = ""
+
+
+@dataclass(frozen=True)
+class OpImpl:
+    """One implementation of one aten operator overload.
+
+    Attributes:
+        op: aten overload name without namespace: ``"index_copy_"``,
+            ``"repeat_interleave.Tensor"`` (``".default"`` may be omitted).
+        fn: the implementation, called with the op's arguments exactly as the
+            dispatcher passes them; a lazy ``"module:attr"`` reference keeps
+            kernel modules out of ``import flaggems``.
+        supports: optional cheap per-call predicate taking the same arguments.
+            It returns ``True`` to accept the call; ``False`` or a string
+            (the reason) declines it to the next implementation in the chain.
+        priority: order among implementations of the same tier (higher first).
+        vendor: ``None`` for a generic implementation usable on any backend;
+            otherwise the implementation applies only when the active backend's
+            vendor equals this value.
+        name: short label shown in routes (defaults to the plugin's name).
+        dtypes: documentation of the dtypes the implementation accepts
+            (shown by ``flaggems routes``; enforcement is ``supports``' job).
+    """
+
+    op: str
+    fn: LazyCallable
+    supports: LazyCallable | None = None
+    priority: int = 0
+    vendor: str | None = None
+    name: str | None = None
+    dtypes: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Tuning:
+    """Configuration a plugin supplies for shared kernels (grid/tile policy...).
+
+    ``key`` names what is configured (e.g. ``"elementwise"``); ``values`` is a
+    mapping read by the kernel toolkit. Vendor tuning overrides generic tuning
+    for the same key; later keys never remove earlier values.
+    """
+
+    key: str
+    values: Mapping[str, Any] = field(default_factory=dict)
+    vendor: str | None = None

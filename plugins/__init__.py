@@ -1,0 +1,1 @@
+"""Plugins shipped with flaggems-core (the generic Triton kernels)."""
