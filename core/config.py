@@ -89,9 +89,10 @@ REGISTRY: dict[str, EnvVar] = {
                "Route every op to one tier: generic, vendor or native.",
                _choice_parser(FORCE_CHOICES)),
         EnvVar("FLAGGEMS_ROUTES", "path", "",
-               "TOML file of per-op routes: op = \"native|generic|<vendor>\".", _parse_str),
+               "TOML file of per-op routes, e.g. copy_ = \"native\" (values as for FLAGGEMS_OP_<op>).",
+               _parse_str),
         EnvVar(OP_PREFIX + "<op>", "pattern", "",
-               "Per-op route (native, generic or a vendor); dots in the op name as __, "
+               "Per-op route: native, generic, vendor, or a vendor or plugin name; dots in the op name as __, "
                "e.g. FLAGGEMS_OP_repeat_interleave__Tensor=native.", _parse_str),
         EnvVar("FLAGGEMS_STRICT", "bool", False,
                "Turn ambiguities (two implementations at equal priority, a broken or "

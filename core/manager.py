@@ -64,7 +64,7 @@ def _list_entry_points() -> list[importlib.metadata.EntryPoint]:
     # a NamedExtensionManager with no names imports nothing.
     from stevedore import NamedExtensionManager
 
-    scan = NamedExtensionManager(ENTRY_POINT_GROUP, names=[], warn_on_missing_entrypoint=False)
+    scan = NamedExtensionManager(ENTRY_POINT_GROUP, names=[])
     seen: dict[str, importlib.metadata.EntryPoint] = {}
     for ep in scan.list_entry_points():
         seen.setdefault(ep.name, ep)

@@ -164,11 +164,21 @@ class Overrides:
         )
 
     def route_value(self, op: str) -> tuple[str, str] | None:
-        """The (value, source) deciding ``op``, highest precedence first."""
+        """The (value, source) deciding ``op``, highest precedence first.
+
+        ``include`` wins over a lower-precedence ``native``: naming an op in
+        ``enable(include=...)`` routes it even if the environment would not.
+        """
         if op in self.exclude:
             return "native", "enable(exclude=...)"
         if self.include is not None and op not in self.include:
             return "native", "enable(include=...) does not name it"
+        lower = self._lower_value(op)
+        if lower is not None and lower[0] == "native" and self.include is not None:
+            return None
+        return lower
+
+    def _lower_value(self, op: str) -> tuple[str, str] | None:
         if op in self.per_op_env:
             env_name = config.OP_PREFIX + op.replace(".", "__")
             return self.per_op_env[op], f"{env_name}={self.per_op_env[op]}"
@@ -202,6 +212,8 @@ def _route_for(op: str, links: list[Link], active: ActiveBackend, overrides: Ove
         return Route(op, tuple(links), "default", _default_reason(links), tuple(links), tuple(notes))
     value, source = decided
     picked = _select(links, value, active)
+    if picked is None and source.startswith("FLAGGEMS_FORCE"):
+        return Route(op, (), source, f"no {value} implementation of this op: native", tuple(links), tuple(notes))
     if picked is None:
         message = (f"{op}: route {value!r} from {source} matches no installed implementation "
                    f"(have: {', '.join(link.label for link in links)}); using the default chain")

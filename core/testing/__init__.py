@@ -1,0 +1,255 @@
+"""Conformance kit: every installed implementation of an op against native torch.
+
+An op declares its contract cases once (:class:`Case`: inputs covering dtypes,
+layouts and edge cases, or an expected error). The kit runs **every**
+implementation installed for the active backend (not only the one routing
+would choose) on each case and compares results, in-place mutations, dtypes,
+shapes and strides with the native kernel's.
+
+Cases live in :mod:`flaggems.testing.cases` (one module per op, imported
+lazily) or are added with :func:`register_cases`. Use from pytest::
+
+    from flaggems import testing
+    @pytest.mark.parametrize("item", testing.collect(), ids=str)
+    def test_conformance(item):
+        testing.check(item)
+"""
+
+from __future__ import annotations
+
+import importlib
+import pkgutil
+import zlib
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import torch
+
+Inputs = tuple[tuple[Any, ...], dict[str, Any]]
+
+#: One-ulp relative tolerance per float dtype (the Triton interpreter rounds
+#: fp32->bf16 by truncation while torch rounds to nearest).
+ULP = {torch.float16: 2.0**-10, torch.bfloat16: 2.0**-7, torch.float32: 2.0**-23, torch.float64: 2.0**-52}
+
+
+@dataclass(frozen=True)
+class Case:
+    """One contract case of an op.
+
+    Attributes:
+        name: short unique label (shown in test ids).
+        make: ``make(device) -> (args, kwargs)``; called once per side with the
+            same random seed, so both sides get equal, independent inputs.
+        raises: exception type torch raises for these inputs (``None`` if valid).
+        match: substring expected in the error message.
+        ulps: allowed error in units in the last place of the output dtype
+            (0 = bit-exact, the default for copies and index ops).
+        check_strides: compare output strides with native (layout contract).
+    """
+
+    name: str
+    make: Callable[[torch.device], Inputs]
+    raises: type[BaseException] | None = None
+    match: str | None = None
+    ulps: float = 0.0
+    check_strides: bool = True
+    tags: tuple[str, ...] = field(default=())
+
+
+_CASES: dict[str, list[Case]] = {}
+_LOADED = False
+
+
+def register_cases(op: str, cases: list[Case]) -> None:
+    """Add contract cases for ``op`` (aten overload name, e.g. ``"copy_"``)."""
+    from ..policy import normalize_op
+
+    bucket = _CASES.setdefault(normalize_op(op), [])
+    names = {c.name for c in bucket}
+    bucket.extend(c for c in cases if c.name not in names)
+
+
+def _load_case_modules() -> None:
+    global _LOADED
+    if _LOADED:
+        return
+    _LOADED = True
+    try:
+        package = importlib.import_module(f"{__name__}.cases")
+    except ModuleNotFoundError:
+        return
+    for module in pkgutil.iter_modules(package.__path__):
+        importlib.import_module(f"{package.__name__}.{module.name}")
+
+
+def cases_for(op: str) -> list[Case]:
+    """All registered cases of ``op``."""
+    from ..policy import normalize_op
+
+    _load_case_modules()
+    return list(_CASES.get(normalize_op(op), ()))
+
+
+@dataclass(frozen=True)
+class Item:
+    """One (op, implementation, case) triple to check."""
+
+    op: str
+    label: str
+    fn: Callable[..., Any]
+    supports: Callable[..., Any] | None
+    case: Case
+
+    def __str__(self) -> str:
+        return f"{self.op}[{self.label}]-{self.case.name}"
+
+
+def collect(ops: list[str] | None = None) -> list[Item]:
+    """Every (op, installed implementation, case) for the active backend."""
+    from ..policy import default_links
+    from ..runtime import RUNTIME
+    from ..types import resolve_callable
+
+    items = []
+    links = default_links(RUNTIME.implementations(), RUNTIME.active_backend())
+    for op, chain in sorted(links.items()):
+        if ops is not None and op not in ops:
+            continue
+        for link in chain:
+            supports = None if link.impl.supports is None else resolve_callable(link.impl.supports)
+            fn = resolve_callable(link.impl.fn)
+            items.extend(Item(op, link.label, fn, supports, case) for case in cases_for(op))
+    return items
+
+
+def device() -> torch.device:
+    """The device the active backend runs kernels on."""
+    from ..runtime import RUNTIME
+
+    return torch.device(RUNTIME.active_backend().device_type)
+
+
+def _build(case: Case, dev: torch.device) -> Inputs:
+    # Equal seeds give both sides equal inputs without sharing tensors.
+    torch.manual_seed(zlib.crc32(case.name.encode()))
+    return case.make(dev)
+
+
+class Declined(Exception):
+    """The implementation declined the case (its ``supports`` said no)."""
+
+
+def run_native(op: str, case: Case, dev: torch.device) -> tuple[Any, Inputs]:
+    """Run the native kernel of ``op`` on fresh inputs; return (result, inputs)."""
+    from ..binding import NativeKernel
+    from ..runtime import RUNTIME
+
+    native = NativeKernel.capture(op, RUNTIME.active_backend().dispatch_key)
+    args, kwargs = _build(case, dev)
+    return native(*args, **kwargs), (args, kwargs)
+
+
+def run_impl(item: Item, dev: torch.device) -> tuple[Any, Inputs]:
+    """Run one implementation on fresh inputs (raises :class:`Declined`)."""
+    from ..binding import Decline
+
+    args, kwargs = _build(item.case, dev)
+    if item.supports is not None:
+        verdict = item.supports(*args, **kwargs)
+        if verdict is not True:
+            raise Declined(verdict if isinstance(verdict, str) else "supports() returned False")
+    try:
+        return item.fn(*args, **kwargs), (args, kwargs)
+    except Decline as exc:
+        raise Declined(exc.reason) from exc
+
+
+def check(item: Item, dev: torch.device | None = None) -> str:
+    """Check one item; returns ``"ok"`` or ``"declined: reason"``; raises AssertionError."""
+    dev = dev or device()
+    if item.case.raises is not None:
+        return _check_error(item, dev)
+    expected, (exp_args, exp_kwargs) = run_native(item.op, item.case, dev)
+    try:
+        actual, (act_args, act_kwargs) = run_impl(item, dev)
+    except Declined as exc:
+        return f"declined: {exc}"
+    assert_same(actual, expected, item.case, "result")
+    for i, (a, e) in enumerate(zip(act_args, exp_args)):
+        assert_same(a, e, item.case, f"argument {i} after the call")
+    for key in exp_kwargs:
+        assert_same(act_kwargs[key], exp_kwargs[key], item.case, f"argument {key!r} after the call")
+    return "ok"
+
+
+def _check_error(item: Item, dev: torch.device) -> str:
+    case = item.case
+    try:
+        run_native(item.op, case, dev)
+    except case.raises as exc:
+        _assert_message(exc, case, "native")
+    else:
+        raise AssertionError(f"{item}: native torch did not raise {case.raises.__name__}; fix the case")
+    try:
+        run_impl(item, dev)
+    except Declined as exc:
+        return f"declined: {exc}"
+    except case.raises as exc:
+        _assert_message(exc, case, item.label)
+        return "ok"
+    except Exception as exc:  # noqa: BLE001
+        raise AssertionError(f"{item}: raised {type(exc).__name__} ({exc}); torch raises {case.raises.__name__}") from exc
+    raise AssertionError(f"{item}: did not raise; torch raises {case.raises.__name__}")
+
+
+def _assert_message(exc: BaseException, case: Case, who: str) -> None:
+    if case.match is not None and case.match not in str(exc):
+        raise AssertionError(f"{who} error {str(exc)!r} lacks {case.match!r}")
+
+
+def assert_same(actual: Any, expected: Any, case: Case, what: str) -> None:
+    """Compare tensors (values, dtype, shape, optionally strides) or nested results."""
+    if isinstance(expected, (tuple, list)):
+        assert isinstance(actual, (tuple, list)) and len(actual) == len(expected), f"{what}: structure differs"
+        for i, (a, e) in enumerate(zip(actual, expected)):
+            assert_same(a, e, case, f"{what}[{i}]")
+        return
+    if not isinstance(expected, torch.Tensor):
+        assert actual == expected or (actual is None and expected is None), f"{what}: {actual!r} != {expected!r}"
+        return
+    assert isinstance(actual, torch.Tensor), f"{what}: expected a tensor, got {type(actual).__name__}"
+    assert actual.dtype == expected.dtype, f"{what}: dtype {actual.dtype} != {expected.dtype}"
+    assert actual.shape == expected.shape, f"{what}: shape {tuple(actual.shape)} != {tuple(expected.shape)}"
+    assert actual.device.type == expected.device.type, f"{what}: device {actual.device} != {expected.device}"
+    if case.check_strides and actual.numel() > 1:
+        assert actual.stride() == expected.stride(), f"{what}: strides {actual.stride()} != {expected.stride()}"
+    _assert_values(actual, expected, case, what)
+
+
+def _assert_values(actual: torch.Tensor, expected: torch.Tensor, case: Case, what: str) -> None:
+    ulps = case.ulps
+    if expected.dtype == torch.bfloat16 and actual.device.type == "cpu":
+        ulps = max(ulps, 1.0)  # interpreter truncates fp32->bf16, torch rounds to nearest
+    if ulps == 0 or not (expected.dtype.is_floating_point or expected.dtype.is_complex):
+        same = torch.equal(actual, expected) or _equal_nan(actual, expected)
+        assert same, f"{what}: values differ (bit-exact expected): {_first_diff(actual, expected)}"
+        return
+    rtol = ulps * ULP.get(expected.dtype, 2.0**-23)
+    torch.testing.assert_close(actual, expected, rtol=rtol, atol=rtol, equal_nan=True, msg=lambda m: f"{what}: {m}")
+
+
+def _equal_nan(a: torch.Tensor, b: torch.Tensor) -> bool:
+    if not (a.dtype.is_floating_point or a.dtype.is_complex):
+        return False
+    return bool(torch.equal(torch.nan_to_num(a, nan=0.0), torch.nan_to_num(b, nan=0.0))
+                and torch.equal(a.isnan(), b.isnan()))
+
+
+def _first_diff(actual: torch.Tensor, expected: torch.Tensor) -> str:
+    if actual.numel() == 0:
+        return "empty tensors"
+    diff = (actual != expected).reshape(-1).nonzero()
+    if diff.numel() == 0:
+        return "no elementwise difference (NaN pattern?)"
+    i = int(diff[0])
+    return f"{diff.numel()} of {actual.numel()} differ; first at flat {i}: {actual.reshape(-1)[i]} vs {expected.reshape(-1)[i]}"

@@ -1,0 +1,118 @@
+"""Command line: ``flaggems info | routes | env`` (also ``python -m flaggems``)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any, Callable, Sequence
+
+
+def _print_info(data: dict[str, Any]) -> None:
+    backend = data["backend"]
+    simulated = " (simulated)" if backend["simulated"] else ""
+    print(f"flaggems {data['flaggems']}  torch {data['torch']}  triton {data['triton']}")
+    print(f"backend: {backend['name']}{simulated}  vendor={backend['vendor']}  device={backend['device_type']}"
+          f"  dispatch_key={backend['dispatch_key']}  interpreter={backend['interpreter']}")
+    print(f"  why: {backend['reason']}")
+    print("probes:")
+    for probe in data["probes"]:
+        mark = "yes" if probe["available"] else "no "
+        print(f"  {mark} {probe['backend']:<12} {probe['reason']}")
+    print("plugins:")
+    for plugin in data["plugins"]:
+        dist = f"{plugin['distribution']} {plugin['version']}".strip() or "-"
+        error = f"  error: {plugin['error']}" if plugin["error"] else ""
+        print(f"  {plugin['status']:<7} {plugin['name']:<12} {plugin['entry_point']:<36} {dist}{error}")
+    print(f"enabled: {data['enabled']}")
+
+
+def _print_routes(rows: list[dict[str, Any]]) -> None:
+    if not rows:
+        print("no routed operators (no implementation installed for this backend)")
+        return
+    for row in rows:
+        print(f"{row['op']}: {' -> '.join(row['chain'])}")
+        print(f"  chosen: {row['chosen']}  source: {row['source']}  ({row['reason']})")
+        if row["declines"]:
+            print(f"  may decline per call: {', '.join(row['declines'])}")
+        for note in row["notes"]:
+            print(f"  note: {note}")
+
+
+def cmd_info(args: argparse.Namespace) -> int:
+    """Show the backend, why each probe said yes or no, and every plugin."""
+    import flaggems
+
+    data = flaggems.info()
+    print(json.dumps(data, indent=2)) if args.json else _print_info(data)
+    return 0
+
+
+def cmd_routes(args: argparse.Namespace) -> int:
+    """Show op -> implementation chain -> chosen, and why."""
+    import flaggems
+
+    rows = flaggems.routes(args.op)
+    if args.op and not rows:
+        print(f"no implementation routes {args.op!r}: it runs natively", file=sys.stderr)
+        return 1
+    print(json.dumps(rows, indent=2)) if args.json else _print_routes(rows)
+    return 0
+
+
+def cmd_env(args: argparse.Namespace) -> int:
+    """List every FLAGGEMS_* variable (Markdown table with --markdown)."""
+    from . import config
+
+    if args.markdown:
+        print(config.markdown_table())
+        return 0
+    for var in config.REGISTRY.values():
+        print(f"{var.name} ({var.kind}, default {var.default!r}): {var.doc}")
+    for name in config.unknown_names():
+        print(f"warning: unknown variable {name} is set", file=sys.stderr)
+    return 0
+
+
+COMMANDS: dict[str, tuple[Callable[[argparse.Namespace], int], str]] = {
+    "info": (cmd_info, "backend, probes and plugins"),
+    "routes": (cmd_routes, "operator routes and why"),
+    "env": (cmd_env, "environment variables flaggems reads"),
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser of the ``flaggems`` command."""
+    parser = argparse.ArgumentParser(prog="flaggems", description="Triton operators for PyTorch, with vendor plugins")
+    sub = parser.add_subparsers(dest="command", required=True)
+    for name, (_, help_text) in COMMANDS.items():
+        cmd = sub.add_parser(name, help=help_text)
+        if name in ("info", "routes"):
+            cmd.add_argument("--json", action="store_true", help="machine-readable output")
+        if name == "routes":
+            cmd.add_argument("--op", help="only this operator (e.g. copy_ or repeat_interleave.Tensor)")
+        if name == "env":
+            cmd.add_argument("--markdown", action="store_true", help="print the README table")
+    _add_extra_commands(sub)
+    return parser
+
+
+def _add_extra_commands(sub: Any) -> None:
+    """Commands whose modules are optional (e.g. ``bench``) register themselves here."""
+    try:
+        from .bench import register_cli
+    except ImportError:
+        return
+    register_cli(sub, COMMANDS)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``flaggems`` console script."""
+    args = build_parser().parse_args(argv)
+    handler = COMMANDS[args.command][0]
+    return handler(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""Contract cases, one module per operator; each calls ``register_cases``."""

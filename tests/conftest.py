@@ -1,0 +1,41 @@
+"""Shared fixtures.
+
+The backend is selected before any test module imports Triton kernels, so
+that on a machine without a GPU ``TRITON_INTERPRET=1`` is in force when the
+kernels are decorated.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import pytest
+
+sys.path.insert(0, os.path.dirname(__file__))
+
+import flaggems  # noqa: E402
+from flaggems.runtime import RUNTIME  # noqa: E402
+
+flaggems.backend()
+
+
+@pytest.fixture
+def runtime(monkeypatch):
+    """The process runtime, restored after the test (plugins, backend, overrides)."""
+    saved_records = dict(RUNTIME.manager.records)
+    saved_plugins = {name: plugin for name, plugin in RUNTIME.manager.pm.list_name_plugin()}
+    for key in [k for k in os.environ if k.startswith("FLAGGEMS_") and k != "FLAGGEMS_CHECK_INDICES"]:
+        monkeypatch.delenv(key)
+    RUNTIME.disable()
+    RUNTIME._active = None  # tests register backends, then select
+    yield RUNTIME
+    RUNTIME.disable()
+    for name, _ in list(RUNTIME.manager.pm.list_name_plugin()):
+        if name not in saved_plugins:
+            RUNTIME.manager.pm.unregister(name=name)
+    RUNTIME.manager.records.clear()
+    RUNTIME.manager.records.update(saved_records)
+    RUNTIME._active = None
+    monkeypatch.undo()
+    flaggems.backend()

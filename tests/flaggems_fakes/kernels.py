@@ -1,0 +1,97 @@
+"""Triton kernels and implementations used by the fake plugins.
+
+Imported lazily (through ``"module:attr"`` references) after the backend is
+selected, so ``TRITON_INTERPRET`` is already set on CPU machines.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from flaggems.binding import Decline, native_scope
+
+CALLS: list[str] = []
+
+
+@triton.jit
+def _neg_kernel(x_ptr, out_ptr, n, BLOCK: tl.constexpr):
+    offsets = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offsets < n
+    # Negate in fp32: triton 3.9's interpreter negates bf16 values wrongly.
+    x = tl.load(x_ptr + offsets, mask=mask).to(tl.float32)
+    tl.store(out_ptr + offsets, -x, mask=mask)
+
+
+def _launch_neg(x: torch.Tensor, out: torch.Tensor) -> None:
+    n = x.numel()
+    if n:
+        with native_scope():
+            _neg_kernel[(triton.cdiv(n, 64),)](x, out, n, BLOCK=64)
+
+
+def triton_neg(x: torch.Tensor) -> torch.Tensor:
+    """aten::neg through a Triton kernel (contiguous inputs only)."""
+    CALLS.append("triton_neg")
+    return _neg(x)
+
+
+def _neg(x: torch.Tensor) -> torch.Tensor:
+    dense = x.contiguous()
+    result = torch.empty_like(dense)
+    _launch_neg(dense, result)
+    out = torch.empty_like(x)  # torch keeps a dense input's strides
+    with native_scope():
+        out.copy_(result)
+    return out
+
+
+def neg_supports(x: torch.Tensor) -> bool | str:
+    """Accept float tensors; decline others with a reason."""
+    return True if x.dtype.is_floating_point else f"dtype {x.dtype} not supported"
+
+
+def vendor_neg(x: torch.Tensor) -> torch.Tensor:
+    """A 'vendor' neg: records the call, then computes like the generic one."""
+    CALLS.append("vendor_neg")
+    return _neg(x)
+
+
+def vendor_neg_supports(x: torch.Tensor) -> bool | str:
+    """The vendor declines float64 (like a backend that cannot compile it)."""
+    if x.dtype == torch.float64:
+        return "float64 not supported on this vendor"
+    return neg_supports(x)
+
+
+def reentrant_abs(x: torch.Tensor) -> torch.Tensor:
+    """Calls torch.abs inside its own implementation: must go native, not recurse."""
+    CALLS.append("reentrant_abs")
+    return torch.abs(x) + 0
+
+
+def declining_add(self: torch.Tensor, other, alpha=1):
+    """add.Tensor that always declines at call time (tests scalar re-wrapping)."""
+    CALLS.append("declining_add")
+    raise Decline("test impl declines every call")
+
+
+def copy_via_interpreter(self: torch.Tensor, src: torch.Tensor, non_blocking: bool = False) -> torch.Tensor:
+    """copy_ through an interpreted kernel, *without* native_scope: the
+    interpreter's own copy_ of CPU storages re-enters aten::copy_, which the
+    re-entry guard must send to the native kernel."""
+    CALLS.append("copy_via_interpreter")
+    if self.shape != src.shape or self.dtype != src.dtype or not self.is_contiguous() or not src.is_contiguous():
+        raise Decline("only same-shape contiguous copies")
+    n = src.numel()
+    if n:
+        _copy_kernel[(triton.cdiv(n, 64),)](src, self, n, BLOCK=64)
+    return self
+
+
+@triton.jit
+def _copy_kernel(src_ptr, dst_ptr, n, BLOCK: tl.constexpr):
+    offsets = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offsets < n
+    tl.store(dst_ptr + offsets, tl.load(src_ptr + offsets, mask=mask), mask=mask)

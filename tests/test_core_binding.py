@@ -1,0 +1,156 @@
+"""The torch binding: routing, declines, native fallback, re-entry, disable."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+import torch
+from flaggems_fakes import kernels
+from flaggems_fakes.plugins import AcmeVendor, CopyPlugin, DecliningAdd, GenericNeg
+
+import flaggems
+
+
+@pytest.fixture
+def calls():
+    kernels.CALLS.clear()
+    yield kernels.CALLS
+    kernels.CALLS.clear()
+
+
+def test_enable_routes_then_disable_restores_native(runtime, calls):
+    runtime.manager.register(GenericNeg(), "fake-generic")
+    x = torch.randn(100)
+    expected = torch.neg(x)
+    flaggems.enable()
+    assert flaggems.is_enabled()
+    assert torch.equal(torch.neg(x), expected)
+    assert calls == ["triton_neg"]
+    flaggems.disable()
+    assert not flaggems.is_enabled()
+    torch.neg(x)
+    assert calls == ["triton_neg"], "after disable() the native kernel must run"
+
+
+def test_routed_result_equals_native_on_strided_input(runtime, calls):
+    runtime.manager.register(GenericNeg(), "fake-generic")
+    x = torch.randn(8, 13).t()
+    expected = torch.neg(x)
+    with flaggems.enabled():
+        out = torch.neg(x)
+    assert calls == ["triton_neg"]
+    assert torch.equal(out, expected)
+
+
+def test_supports_declines_to_native(runtime, calls):
+    runtime.manager.register(GenericNeg(), "fake-generic")
+    expected = -torch.arange(5)
+    with flaggems.enabled():
+        out = torch.neg(torch.arange(5))
+    assert calls == []
+    assert torch.equal(out, expected)
+
+
+def test_vendor_first_then_generic_on_decline(runtime, calls, monkeypatch):
+    runtime.manager.register(GenericNeg(), "fake-generic")
+    runtime.manager.register(AcmeVendor(), "acme")
+    monkeypatch.setenv("FLAGGEMS_VENDOR", "acme")
+    runtime._active = None
+    with flaggems.enabled():
+        torch.neg(torch.randn(4))
+        torch.neg(torch.randn(4, dtype=torch.float64))  # vendor declines float64
+    assert calls == ["vendor_neg", "triton_neg"]
+
+
+def test_reentry_goes_native_not_recursive(runtime, calls):
+    runtime.manager.register(GenericNeg(), "fake-generic")
+    x = torch.tensor([-1.5, 2.0])
+    with flaggems.enabled():
+        out = torch.abs(x)
+    assert calls == ["reentrant_abs"]
+    assert torch.equal(out, torch.tensor([1.5, 2.0]))
+
+
+def test_interpreter_internal_copy_does_not_recurse(runtime, calls):
+    runtime.manager.register(CopyPlugin(), "fake-copy")
+    dst, src = torch.zeros(300), torch.randn(300)
+    with flaggems.enabled():
+        dst.copy_(src)
+    assert torch.equal(dst, src)
+    assert calls.count("copy_via_interpreter") >= 1
+
+
+def test_decline_exception_goes_native_with_python_scalars(runtime, calls):
+    runtime.manager.register(DecliningAdd(), "fake-add")
+    half = torch.ones(3, dtype=torch.float16)
+    ints = torch.ones(3, dtype=torch.int32)
+    zero_dim = torch.tensor(1.0, dtype=torch.float16)
+    expected = [half + 0.5, ints + 0.5, ints + 2, zero_dim + 0.5, half + True]
+    with flaggems.enabled():
+        results = [half + 0.5, ints + 0.5, ints + 2, zero_dim + 0.5, half + True]
+    assert calls.count("declining_add") == 5
+    for got, want in zip(results, expected):
+        assert got.dtype == want.dtype and torch.equal(got, want)
+
+
+def test_enable_is_idempotent_and_context_restores(runtime, calls):
+    runtime.manager.register(GenericNeg(), "fake-generic")
+    flaggems.enable()
+    flaggems.enable()
+    assert runtime.registered_ops() == ["abs", "neg"]
+    with flaggems.enabled(include=["neg"]):
+        assert runtime.registered_ops() == ["neg"]
+    assert runtime.registered_ops() == ["abs", "neg"]
+    flaggems.disable()
+    flaggems.disable()
+    with flaggems.enabled(exclude=["neg"]):
+        assert runtime.registered_ops() == ["abs"]
+    assert not flaggems.is_enabled()
+
+
+def test_enable_disable_thread_safe(runtime, calls):
+    runtime.manager.register(GenericNeg(), "fake-generic")
+    errors = []
+
+    def flip():
+        try:
+            for _ in range(20):
+                flaggems.enable()
+                flaggems.disable()
+        except Exception as exc:  # pragma: no cover - the failure we test for
+            errors.append(exc)
+
+    threads = [threading.Thread(target=flip) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert not errors
+    assert not flaggems.is_enabled()
+    calls.clear()
+    torch.neg(torch.ones(2))
+    assert calls == []
+
+
+def test_dispatch_and_fallback_logging(runtime, calls, monkeypatch, caplog):
+    runtime.manager.register(GenericNeg(), "fake-generic")
+    monkeypatch.setenv("FLAGGEMS_LOG", "dispatch,fallback")
+    with caplog.at_level("INFO", logger="flaggems"):
+        with flaggems.enabled():
+            torch.neg(torch.ones(2))
+            torch.neg(torch.ones(2, dtype=torch.int64))
+    messages = [r.getMessage() for r in caplog.records]
+    assert "neg -> fake-generic" in messages
+    assert any("neg: fake-generic declined: dtype torch.int64" in m for m in messages)
+    assert "neg -> native" in messages
+
+
+def test_autograd_still_works_through_routed_op(runtime, calls):
+    runtime.manager.register(GenericNeg(), "fake-generic")
+    x = torch.randn(5, requires_grad=True)
+    expected = -torch.ones(5)
+    with flaggems.enabled():
+        torch.neg(x).sum().backward()
+    assert torch.equal(x.grad, expected)
+    assert "triton_neg" in calls

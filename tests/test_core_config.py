@@ -1,0 +1,62 @@
+"""The environment registry, its README table, and the command line."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from flaggems import cli, config
+
+README = Path(__file__).resolve().parent.parent / "README.md"
+
+
+@pytest.mark.parametrize("text, value", [("1", True), ("TRUE", True), ("yes", True), ("On", True),
+                                         ("0", False), ("false", False), ("no", False), ("off", False),
+                                         ("", False)])
+def test_one_truth_table(text, value):
+    assert config.parse_bool("FLAGGEMS_STRICT", text) is value
+
+
+def test_bad_boolean_is_an_error():
+    with pytest.raises(ValueError, match="FLAGGEMS_STRICT='maybe' is not a boolean"):
+        config.get("FLAGGEMS_STRICT", {"FLAGGEMS_STRICT": "maybe"})
+
+
+def test_force_is_validated():
+    with pytest.raises(ValueError, match="expected one of generic, vendor, native"):
+        config.get("FLAGGEMS_FORCE", {"FLAGGEMS_FORCE": "fast"})
+
+
+def test_unknown_names_are_warned():
+    env = {"FLAGGEMS_VENDR": "ascend", "FLAGGEMS_OP_copy_": "native", "FLAGGEMS_LOG": "dispatch"}
+    assert config.unknown_names(env) == ["FLAGGEMS_VENDR"]
+    with pytest.warns(RuntimeWarning, match="unknown environment variable FLAGGEMS_VENDR"):
+        config.warn_unknown(env)
+
+
+def test_readme_table_matches_registry():
+    text = README.read_text()
+    names = re.findall(r"^\| `(FLAGGEMS_[A-Za-z_<>]+)` \|", text, flags=re.M)
+    assert names == list(config.REGISTRY), "README's variable table is out of date: run `flaggems env --markdown`"
+    assert config.markdown_table() in text
+
+
+def test_cli_info_routes_env(capsys):
+    assert cli.main(["info"]) == 0
+    assert "backend:" in capsys.readouterr().out
+    assert cli.main(["routes", "--json"]) == 0
+    capsys.readouterr()
+    assert cli.main(["env"]) == 0
+    assert "FLAGGEMS_VENDOR" in capsys.readouterr().out
+    assert cli.main(["routes", "--op", "no_such_op"]) == 1
+
+
+def test_python_dash_m():
+    proc = subprocess.run([sys.executable, "-m", "flaggems", "info", "--json"], capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert '"backend"' in proc.stdout

@@ -1,0 +1,133 @@
+"""Discovery, isolation of broken plugins, backend selection, lazy import."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from flaggems_fakes.plugins import AcmeVendor, BrokenProbe, GenericNeg, Misspelled, Raising
+
+import flaggems
+from flaggems.manager import PluginError
+
+BROKEN_DIST = Path(__file__).parent / "fixtures" / "broken_dist"
+
+
+def run_python(code: str, **env: str) -> subprocess.CompletedProcess:
+    environ = {k: v for k, v in os.environ.items() if not k.startswith("FLAGGEMS_")}
+    environ.update(env)
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=environ, timeout=120)
+
+
+def broken_env(**extra: str) -> dict[str, str]:
+    path = os.pathsep.join([str(BROKEN_DIST), os.environ.get("PYTHONPATH", "")])
+    return {"PYTHONPATH": path, **extra}
+
+
+INFO = "import json, flaggems; print(json.dumps(flaggems.info()))"
+
+
+def test_broken_entry_point_never_breaks_import():
+    proc = run_python(INFO, **broken_env())
+    assert proc.returncode == 0, proc.stderr
+    info = json.loads(proc.stdout)
+    plugins = {p["name"]: p for p in info["plugins"]}
+    assert plugins["broken"]["status"] == "failed"
+    assert "libacme.so" in plugins["broken"]["error"]
+    assert plugins["generic"]["status"] == "loaded"
+    assert "'broken'" in proc.stderr and "flaggems-broken 0.3" in proc.stderr and "libacme.so" in proc.stderr
+
+
+def test_broken_plugin_shown_by_cli():
+    proc = run_python("from flaggems.cli import main; main(['info'])", **broken_env())
+    assert proc.returncode == 0, proc.stderr
+    assert "failed" in proc.stdout and "broken" in proc.stdout and "libacme.so" in proc.stdout
+
+
+@pytest.mark.parametrize("env", [{"FLAGGEMS_DISABLE_PLUGINS": "broken"}, {"FLAGGEMS_PLUGINS": "generic"}])
+def test_allow_and_deny_lists_apply_before_import(env):
+    proc = run_python(INFO, **broken_env(**env))
+    assert proc.returncode == 0, proc.stderr
+    assert "libacme" not in proc.stderr
+    plugins = {p["name"]: p for p in json.loads(proc.stdout)["plugins"]}
+    assert plugins["broken"]["status"] == "skipped"
+    assert plugins["generic"]["status"] == "loaded"
+
+
+def test_strict_mode_turns_broken_plugin_into_error():
+    proc = run_python("import flaggems", **broken_env(FLAGGEMS_STRICT="1"))
+    assert proc.returncode != 0 and "PluginError" in proc.stderr
+
+
+def test_import_is_lazy():
+    code = ("import sys, flaggems; "
+            "print(sorted(m for m in sys.modules if m.startswith(('triton', 'flaggems.plugins.generic.'))))")
+    proc = run_python(code)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "[]", "import flaggems must not import triton or kernel modules"
+
+
+def test_misspelled_hook_is_rejected_naming_the_plugin(runtime):
+    with pytest.warns(RuntimeWarning, match="'typo-plugin'.*flaggems_operator"):
+        record = runtime.manager.register(Misspelled(), "typo-plugin")
+    assert record.status == "failed"
+    assert "typo-plugin" not in runtime.manager.loaded()
+
+
+def test_raising_hook_disables_only_that_plugin(runtime):
+    runtime.manager.register(GenericNeg(), "fake-generic")
+    runtime.manager.register(Raising(), "raiser")
+    with pytest.warns(RuntimeWarning, match="'raiser'.*boom"):
+        rows = flaggems.routes()
+    assert {r["op"] for r in rows} == {"abs", "neg"}
+    assert runtime.manager.records["raiser"].status == "failed"
+
+
+def test_raising_hook_in_strict_mode(runtime, monkeypatch):
+    monkeypatch.setenv("FLAGGEMS_STRICT", "1")
+    runtime.manager.register(Raising(), "raiser")
+    with pytest.raises(PluginError, match="raiser"):
+        flaggems.routes()
+
+
+def test_unknown_vendor_lists_valid_names(runtime, monkeypatch):
+    runtime.manager.register(AcmeVendor(), "acme")
+    monkeypatch.setenv("FLAGGEMS_VENDOR", "nosuch")
+    with pytest.raises(ValueError, match="valid: acme, cpu, nvidia"):
+        flaggems.backend()
+
+
+def test_vendor_without_hardware_is_simulated(runtime, monkeypatch):
+    runtime.manager.register(AcmeVendor(), "acme")
+    monkeypatch.setenv("FLAGGEMS_VENDOR", "acme")
+    info = flaggems.info()
+    assert info["backend"]["name"] == "acme" and info["backend"]["simulated"] is True
+    assert "no acme device" in info["backend"]["reason"]
+    expected_key = "CUDA" if flaggems.backend().device_type == "cuda" else "CPU"
+    assert info["backend"]["dispatch_key"] == expected_key
+
+
+def test_available_vendor_selected_automatically(runtime):
+    vendor = AcmeVendor()
+    vendor.available = True
+    runtime.manager.register(vendor, "acme")
+    active = flaggems.backend()
+    assert active.name == "acme" and not active.simulated and active.dispatch_key == "PrivateUse1"
+    assert active.reason == "probe: acme device found"
+
+
+def test_raising_probe_counts_as_unavailable(runtime):
+    runtime.manager.register(BrokenProbe(), "brokenprobe")
+    probes = {p["backend"]: p for p in flaggems.info()["probes"]}
+    assert probes["brokenprobe"]["available"] is False
+    assert "OSError: driver missing" in probes["brokenprobe"]["reason"]
+
+
+def test_cpu_backend_sets_triton_interpreter(runtime):
+    active = flaggems.backend()
+    if active.interpreter:
+        assert os.environ.get("TRITON_INTERPRET") == "1"

@@ -1,0 +1,122 @@
+"""Dispatch policy: default order, override precedence, ties, strict mode."""
+
+from __future__ import annotations
+
+import pytest
+from flaggems_fakes.plugins import AcmeVendor, GenericNeg, OtherGenericNeg
+
+import flaggems
+from flaggems.policy import PolicyError, normalize_op
+
+
+def chain_of(op: str) -> list[str]:
+    (row,) = flaggems.routes(op)
+    return row["chain"]
+
+
+@pytest.fixture
+def acme(runtime, monkeypatch):
+    runtime.manager.register(GenericNeg(), "fake-generic")
+    runtime.manager.register(AcmeVendor(), "acme")
+    monkeypatch.setenv("FLAGGEMS_VENDOR", "acme")
+    runtime._active = None
+    return runtime
+
+
+def test_normalize_op():
+    assert normalize_op("aten::copy_.default") == "copy_"
+    assert normalize_op("repeat_interleave.Tensor") == "repeat_interleave.Tensor"
+
+
+def test_default_chain_vendor_then_generic_then_native(acme):
+    assert chain_of("neg") == ["acme", "fake-generic", "native"]
+    (row,) = flaggems.routes("neg")
+    assert row["chosen"] == "acme" and row["source"] == "default"
+    assert row["declines"] == ["acme", "fake-generic"]
+
+
+def test_vendor_impls_ignored_on_other_backend(runtime):
+    runtime.manager.register(GenericNeg(), "fake-generic")
+    runtime.manager.register(AcmeVendor(), "acme")
+    assert chain_of("neg") == ["fake-generic", "native"]
+
+
+@pytest.mark.parametrize("force, chain", [("generic", ["fake-generic", "native"]),
+                                          ("vendor", ["acme", "native"]),  # abs: no vendor impl
+                                          ("native", ["native"])])
+def test_force(acme, monkeypatch, force, chain):
+    monkeypatch.setenv("FLAGGEMS_FORCE", force)
+    assert chain_of("neg") == chain
+    assert chain_of("abs") == (["native"] if force != "generic" else ["fake-generic", "native"])
+
+
+def test_precedence_enable_over_env_over_file_over_force(acme, monkeypatch, tmp_path):
+    routes = tmp_path / "routes.toml"
+    routes.write_text('neg = "vendor"\nabs = "native"\n')
+    monkeypatch.setenv("FLAGGEMS_FORCE", "native")
+    monkeypatch.setenv("FLAGGEMS_ROUTES", str(routes))
+    assert chain_of("neg") == ["acme", "native"]  # file beats force
+    assert chain_of("abs") == ["native"]
+    monkeypatch.setenv("FLAGGEMS_OP_neg", "generic")
+    assert chain_of("neg") == ["fake-generic", "native"]  # env beats file
+    (row,) = flaggems.routes("neg")
+    assert row["source"] == "FLAGGEMS_OP_neg=generic"
+    with flaggems.enabled(exclude=["neg"]):  # enable() beats env
+        assert chain_of("neg") == ["native"]
+        assert acme.registered_ops() == []  # abs native by file, neg excluded
+    with flaggems.enabled(include=["abs"]):  # include beats the file's abs = "native"
+        assert chain_of("neg") == ["native"]
+        assert chain_of("abs") == ["fake-generic", "native"]
+
+
+def test_per_op_env_with_overload_dots(runtime, monkeypatch):
+    monkeypatch.setenv("FLAGGEMS_OP_repeat_interleave__Tensor", "native")
+    from flaggems import config
+
+    assert config.op_overrides() == {"repeat_interleave.Tensor": "native"}
+
+
+def test_route_naming_a_plugin(acme, monkeypatch):
+    monkeypatch.setenv("FLAGGEMS_OP_neg", "fake-generic")
+    assert chain_of("neg") == ["fake-generic", "native"]
+
+
+def test_unmatched_route_warns_and_strict_raises(acme, monkeypatch):
+    monkeypatch.setenv("FLAGGEMS_OP_neg", "nosuchvendor")
+    with pytest.warns(RuntimeWarning, match="matches no installed implementation"):
+        assert chain_of("neg") == ["acme", "fake-generic", "native"]
+    monkeypatch.setenv("FLAGGEMS_STRICT", "1")
+    with pytest.raises(PolicyError, match="nosuchvendor"):
+        flaggems.routes("neg")
+
+
+def test_equal_priority_is_deterministic_with_warning(runtime, monkeypatch):
+    runtime.manager.register(OtherGenericNeg(), "zz-other")
+    runtime.manager.register(GenericNeg(), "fake-generic")
+    with pytest.warns(RuntimeWarning, match="equal priority"):
+        assert chain_of("neg") == ["fake-generic", "zz-other:other", "native"]
+    monkeypatch.setenv("FLAGGEMS_STRICT", "true")
+    with pytest.raises(PolicyError, match="equal priority"):
+        flaggems.routes()
+
+
+def test_include_of_unknown_op_is_reported(runtime):
+    runtime.manager.register(GenericNeg(), "fake-generic")
+    with flaggems.enabled(include=["neg", "nosuchop"]):
+        (row,) = flaggems.routes("nosuchop")
+        assert row["chain"] == ["native"] and "no implementation" in row["reason"]
+
+
+def test_routes_file_bad_value(acme, monkeypatch, tmp_path):
+    routes = tmp_path / "routes.toml"
+    routes.write_text("neg = 3\n")
+    monkeypatch.setenv("FLAGGEMS_ROUTES", str(routes))
+    with pytest.raises(PolicyError, match="must be strings"):
+        flaggems.routes()
+
+
+def test_tuning_vendor_overrides_generic(acme):
+    from flaggems_fakes.plugins import GenericTuning
+
+    acme.manager.register(GenericTuning(), "tuning")
+    assert flaggems.tuning("elementwise") == {"max_ctas": 12, "block_size": 1024}
