@@ -1,0 +1,94 @@
+"""Run the seed workloads through flaggems and check them against native torch.
+
+On a machine without a GPU the kernels run in Triton's interpreter on CPU
+tensors, so the shapes are small. For each workload the demo prints which
+implementation actually ran (from the ``dispatch`` log channel) and whether
+the result equals torch's.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, Callable
+
+import torch
+
+import flaggems
+from flaggems import log
+
+
+class _Recorder(logging.Handler):
+    """Collects the dispatch log records of one workload."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lines: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.lines.append(record.getMessage())
+
+
+def workloads(dev: torch.device) -> list[tuple[str, Callable[[], Any]]]:
+    """The seed documents' operations, at demo sizes."""
+    x = torch.randn(128, device=dev)
+    mask = torch.randn(1, 1, 16, 16, device=dev).expand(2, 4, 16, 16)
+    rows = torch.arange(17, device=dev)
+    repeats = torch.full((17,), 3, device=dev, dtype=torch.long)
+    base = torch.randn(8, 33, device=dev)
+    source = torch.randn(8, 5, device=dev)
+    index = torch.tensor([0, 7, 3, 31, 12], device=dev)
+    images = torch.randn(2, 48, 5, 7, device=dev).to(memory_format=torch.channels_last)
+    return [
+        ("copy_ from expand (seed 001)", lambda: torch.empty(4, 128, device=dev).copy_(x.expand(4, 128))),
+        ("copy_ fp32 -> bf16 from expand", lambda: torch.empty(4, 128, device=dev, dtype=torch.bfloat16)
+         .copy_(x.expand(4, 128))),
+        ("SDPA mask fp32 -> bf16 (seed 001)", lambda: mask.to(torch.bfloat16)),
+        ("_to_copy transposed -> fp16", lambda: base.t().to(torch.float16)),
+        ("contiguous() of permuted", lambda: images.permute(0, 3, 1, 2).contiguous()),
+        ("index_copy dim 1 (seed 000)", lambda: base.index_copy(1, index, source)),
+        ("index_copy_ dim -1", lambda: base.clone().index_copy_(-1, index, source)),
+        ("index_select dim 1", lambda: base.index_select(1, index)),
+        ("repeat_interleave values, output_size (seed 002)",
+         lambda: torch.repeat_interleave(rows, repeats, output_size=51)),
+        ("repeat_interleave Tensor, output_size", lambda: torch.repeat_interleave(repeats, output_size=51)),
+        ("repeat_interleave self_int bf16", lambda: base.to(torch.bfloat16).repeat_interleave(4, dim=0)),
+        ("group_norm channels_last C=48 G=16 (seed 004)",
+         lambda: torch.nn.functional.group_norm(images, 16)),
+        ("unfold view + copy (Tensor.repeat, seed 004)", lambda: base.repeat(1, 2, 2)),
+    ]
+
+
+def _same(a: Any, b: Any) -> bool:
+    if a.dtype == torch.bfloat16:  # the interpreter truncates to bf16; torch rounds
+        return torch.allclose(a.float(), b.float(), rtol=2**-7, atol=2**-7)
+    if a.dtype.is_floating_point and a.dtype != b.dtype:
+        return False
+    return a.dtype == b.dtype and a.shape == b.shape and torch.allclose(a, b, rtol=1e-5, atol=1e-5)
+
+
+def main() -> int:
+    """Run every workload natively and through flaggems; return the number of mismatches."""
+    active = flaggems.backend()
+    dev = torch.device(active.device_type)
+    print(f"backend {active.name}{' (simulated)' if active.simulated else ''} on {dev}: {active.reason}\n")
+    log.configure(("dispatch",))
+    recorder = _Recorder()
+    logging.getLogger("flaggems.dispatch").addHandler(recorder)
+    failures = 0
+    for name, run in workloads(dev):
+        torch.manual_seed(0)
+        expected = run()
+        recorder.lines.clear()
+        with flaggems.enabled():
+            torch.manual_seed(0)
+            actual = run()
+        ran = sorted(set(recorder.lines)) or ["native (no flaggems implementation routed)"]
+        ok = _same(actual, expected)
+        failures += not ok
+        print(f"{'ok  ' if ok else 'FAIL'} {name:<48} {'; '.join(ran)}")
+    print(f"\n{failures} mismatch(es)")
+    return failures
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
