@@ -1,0 +1,60 @@
+"""Host-side layout algebra for elementwise kernels (pure Python, no torch).
+
+Kernels see shapes *after* :func:`collapse_dims`: size-1 dimensions dropped,
+dimensions ordered by the first operand's strides (outermost first) and
+neighbours merged wherever they are contiguous in every operand. A dense copy
+of any layout becomes rank 1; a broadcast or a transpose becomes rank 2.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+Strides = tuple[int, ...]
+
+
+def collapse_dims(shape: Sequence[int], *stride_lists: Sequence[int]) -> tuple[tuple[int, ...], tuple[Strides, ...]]:
+    """Collapse a shape shared by several operands into the fewest dimensions.
+
+    Args:
+        shape: the common (already broadcast) shape.
+        stride_lists: one stride list per operand, in elements; the first
+            operand decides the order (its largest stride goes first).
+
+    Returns:
+        ``(sizes, strides_per_operand)`` outermost first. A shape with no
+        element other than size-1 dimensions collapses to rank 0.
+
+    Example: ``collapse_dims((4, 1, 3), (3, 3, 1), (0, 0, 1))`` gives
+    ``((4, 3), ((3, 1), (0, 1)))``.
+    """
+    if any(len(s) != len(shape) for s in stride_lists):
+        raise ValueError("every stride list must have one entry per dimension")
+    dims = [d for d in range(len(shape)) if shape[d] != 1]
+    # Outermost first by the first operand; ties broken by the other operands.
+    dims.sort(key=lambda d: tuple(-abs(s[d]) for s in stride_lists))
+    sizes: list[int] = []
+    strides: list[list[int]] = [[] for _ in stride_lists]
+    for d in dims:
+        if sizes and all(st[-1] == s[d] * shape[d] for st, s in zip(strides, stride_lists, strict=True)):
+            sizes[-1] *= shape[d]
+            for st, s in zip(strides, stride_lists, strict=True):
+                st[-1] = s[d]
+            continue
+        sizes.append(shape[d])
+        for st, s in zip(strides, stride_lists, strict=True):
+            st.append(s[d])
+    return tuple(sizes), tuple(tuple(st) for st in strides)
+
+
+def span(sizes: Sequence[int], strides: Sequence[int]) -> int:
+    """Distance in elements between the first and the last element addressed."""
+    return sum((n - 1) * abs(s) for n, s in zip(sizes, strides, strict=True))
+
+
+def move_dim(sizes: Sequence[int], strides: Sequence[Sequence[int]], source: int,
+             target: int) -> tuple[tuple[int, ...], tuple[Strides, ...]]:
+    """Move dimension ``source`` to position ``target`` in every operand (a valid reordering)."""
+    order = list(range(len(sizes)))
+    order.insert(target, order.pop(source))
+    return tuple(sizes[d] for d in order), tuple(tuple(st[d] for d in order) for st in strides)

@@ -1,0 +1,109 @@
+"""Launch policy of the toolkit's elementwise kernels, read from plugin tuning.
+
+A vendor changes grid and tile choices by returning
+``Tuning("elementwise", {...}, vendor=...)`` from ``flaggems_tuning``; the
+kernels themselves are never copied. Recognised keys:
+
+``block_size``
+    elements per program of the flat and linear kernels (power of two).
+``tile``
+    elements per program of the tiled kernel (power of two, >= 256).
+``transpose_tile``
+    ``(rows, cols)`` of the tiled kernel when the source is transposed.
+``num_warps``
+    warps per program (power of two).
+``max_ctas``
+    ``None`` launches one program per tile; an integer caps the grid, each
+    program then walking the tiles with a grid-stride loop.
+
+Unknown keys are ignored (a newer plugin may know more keys).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+KEY = "elementwise"
+
+
+@dataclass(frozen=True)
+class ElementwisePolicy:
+    """Validated grid/tile policy (see the module docstring for each field)."""
+
+    # 4096 elements and 4 warps: 32 elements (8 x 16-byte vectors of fp32) per thread.
+    block_size: int = 4096
+    tile: int = 4096
+    transpose_tile: tuple[int, int] = (64, 64)
+    num_warps: int = 4
+    max_ctas: int | None = None
+
+    def grid(self, tiles: int) -> tuple[int]:
+        """Programs to launch for ``tiles`` units of work (never zero)."""
+        if self.max_ctas is not None and tiles > self.max_ctas:
+            return (self.max_ctas,)
+        return (max(tiles, 1),)
+
+    @classmethod
+    def from_values(cls, values: Mapping[str, Any]) -> ElementwisePolicy:
+        """Build a policy from a tuning mapping; raises ``ValueError`` on bad values."""
+        policy = cls(
+            block_size=int(values.get("block_size", cls.block_size)),
+            tile=int(values.get("tile", cls.tile)),
+            transpose_tile=tuple(int(v) for v in values.get("transpose_tile", cls.transpose_tile)),
+            num_warps=int(values.get("num_warps", cls.num_warps)),
+            max_ctas=None if values.get("max_ctas") is None else int(values["max_ctas"]),
+        )
+        policy.validate()
+        return policy
+
+    def validate(self) -> None:
+        """Raise ``ValueError`` when a value cannot drive the kernels."""
+        for name, value in (("block_size", self.block_size), ("tile", self.tile), ("num_warps", self.num_warps),
+                            *(("transpose_tile", v) for v in self.transpose_tile)):
+            if value < 1 or value & (value - 1):
+                raise ValueError(f"tuning {KEY}.{name}={value}: expected a power of two")
+        if len(self.transpose_tile) != 2:
+            raise ValueError(f"tuning {KEY}.transpose_tile={self.transpose_tile}: expected (rows, cols)")
+        if self.tile < 256:
+            raise ValueError(f"tuning {KEY}.tile={self.tile}: expected at least 256")
+        if self.max_ctas is not None and self.max_ctas < 1:
+            raise ValueError(f"tuning {KEY}.max_ctas={self.max_ctas}: expected a positive integer or None")
+
+
+_LOCK = threading.Lock()
+_CURRENT: ElementwisePolicy | None = None
+
+
+def elementwise_policy() -> ElementwisePolicy:
+    """The active policy, read once from ``flaggems.tuning("elementwise")`` and cached.
+
+    Reading tuning selects the backend and calls every plugin's hook, which is
+    far too slow per call; :func:`reset_policy` forgets the cached answer.
+    """
+    global _CURRENT
+    policy = _CURRENT
+    if policy is None:
+        import flaggems
+
+        with _LOCK:
+            if _CURRENT is None:
+                _CURRENT = ElementwisePolicy.from_values(flaggems.tuning(KEY))
+            policy = _CURRENT
+    return policy
+
+
+def set_policy(policy: ElementwisePolicy | None) -> None:
+    """Force a policy (tests, benchmarks); ``None`` re-reads tuning on next use."""
+    global _CURRENT
+    if policy is not None:
+        policy.validate()
+    with _LOCK:
+        _CURRENT = policy
+
+
+def reset_policy() -> None:
+    """Forget the cached policy: the next use reads plugin tuning again."""
+    set_policy(None)

@@ -1,0 +1,181 @@
+"""FastLauncher: results, interpreter scope, and the fast path's binding logic.
+
+The binding logic (specialisation keys, when to re-bind, the launcher call)
+is checked on any machine with a fake compiled kernel; the real fast path
+runs where the active backend has a GPU.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import flaggems
+import pytest
+import torch
+
+ACTIVE = flaggems.backend()  # before decorating kernels: may switch Triton to its interpreter
+
+import triton  # noqa: E402
+import triton.language as tl  # noqa: E402
+from flaggems import binding  # noqa: E402
+from flaggems.toolkit import FastLauncher, launch  # noqa: E402
+
+DEVICE = ACTIVE.device_type
+
+
+@triton.jit
+def scale_kernel(out, x, n, factor, BLOCK: tl.constexpr):  # noqa: N803
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    tl.store(out + offs, tl.load(x + offs, mask=mask) * factor, mask=mask)
+
+
+def test_results_match_the_reference():
+    launcher = FastLauncher(scale_kernel, {"BLOCK": 64}, num_warps=2)
+    for n in (100, 64, 1, 300, 100, 100):
+        x = torch.randn(n, device=DEVICE)
+        out = torch.full_like(x, float("nan"))
+        launcher((triton.cdiv(n, 64),), out, x, n, 2.0)
+        torch.testing.assert_close(out, x * 2.0)
+    if ACTIVE.interpreter:
+        assert launcher.mode == launch.INTERPRET
+    elif launch.triton_version() is not None and launch.FAST_PATH_VERSIONS[0] <= launch.triton_version():
+        assert launcher.mode == launch.FAST and launcher.specialisations >= 1
+
+
+@pytest.mark.skipif(not ACTIVE.interpreter, reason="interpreter only")
+def test_interpreted_launch_runs_in_native_scope(monkeypatch):
+    inside = [False]
+    seen = []
+
+    @contextlib.contextmanager
+    def recording_scope():
+        with binding.native_scope():
+            inside[0] = True
+            try:
+                yield
+            finally:
+                inside[0] = False
+
+    monkeypatch.setattr(launch, "native_scope", recording_scope)
+    scale_kernel.add_pre_run_hook(lambda *args, **kwargs: seen.append(inside[0]))
+    try:
+        x = torch.randn(8)
+        FastLauncher(scale_kernel, {"BLOCK": 8})((1,), torch.empty_like(x), x, 8, 1.0)
+    finally:
+        scale_kernel.pre_run_hooks.clear()
+    assert seen == [True]
+
+
+def test_constexpr_arguments_are_checked():
+    with pytest.raises(TypeError, match="NOPE"):
+        FastLauncher(scale_kernel, {"BLOCK": 8, "NOPE": 1})
+    with pytest.raises(TypeError, match="BLOCK"):
+        FastLauncher(scale_kernel)
+
+
+# -- the fast path with a fake compiled kernel ------------------------------
+
+
+def _probe(out, x, n, m: tl.int64, factor, BLOCK: tl.constexpr):  # noqa: N803
+    pass
+
+
+class FakeCompiled:
+    """Stands for Triton's CompiledKernel: records raw launcher calls."""
+
+    function = 1234
+    packed_metadata = "metadata"
+
+    def __init__(self, launches: list) -> None:
+        self.run = lambda *args: launches.append(args)
+
+
+class FakeDevice:
+    def current(self) -> int:
+        return 0
+
+    def stream(self, index: int) -> int:
+        return 77
+
+    @contextlib.contextmanager
+    def guard(self, index: int):
+        yield
+
+
+@pytest.fixture
+def probe(monkeypatch):
+    """A real (compiled-mode) JITFunction whose ``run`` is faked; returns (launcher, slow calls, raw launches)."""
+    fn = triton.runtime.jit.JITFunction(_probe, do_not_specialize=["m"])
+    slow, raw = [], []
+
+    def fake_run(*args, grid, warmup, **kwargs):
+        slow.append((grid, args, kwargs))
+        return FakeCompiled(raw)
+
+    monkeypatch.setattr(fn, "run", fake_run)
+    monkeypatch.setattr(launch, "_DEVICE", FakeDevice())
+    monkeypatch.setattr(triton, "__version__", "3.9.0")
+    return FastLauncher(fn, {"BLOCK": 32}, num_warps=4), slow, raw
+
+
+def test_first_call_binds_then_launches_raw(probe):
+    launcher, slow, raw = probe
+    out, x = torch.empty(64), torch.randn(64)
+    launcher((2,), out, x, 50, 7, 2.0)
+    assert len(slow) == 1 and not raw
+    grid, args, kwargs = slow[0]
+    assert grid == (2,) and args[:3] == (out, x, 50) and args[5] == 32 and kwargs == {"num_warps": 4}
+    launcher((3, 2), out, x, 50, 7, 2.0)
+    assert len(slow) == 1
+    assert raw == [(3, 2, 1, 77, 1234, "metadata", None, None, None, out.data_ptr(), x.data_ptr(), 50, 7, 2.0, 32)]
+
+
+def test_specialisation_keys(probe):
+    launcher, slow, raw = probe
+    out, x = torch.empty(64), torch.randn(64)
+
+    def binds_after(*args) -> bool:
+        before = len(slow)
+        launcher((1,), *args)
+        return len(slow) > before
+
+    assert binds_after(out, x, 50, 7, 2.0)
+    assert not binds_after(out, x, 51, 1 << 40, 3.5)  # n % 16 unchanged; m is annotated, not specialised
+    assert binds_after(out, x, 48, 7, 2.0)  # n % 16 == 0 is a specialisation
+    assert binds_after(out, x, 1, 7, 2.0)  # so is n == 1
+    assert binds_after(out, x.double(), 50, 7, 2.0)  # pointer dtype
+    assert binds_after(out, x[1:], 50, 7, 2.0)  # pointer alignment
+    assert binds_after(out, x, 50, 7, 2)  # an int where a float was
+    assert binds_after(out, x, 2**40 + 3, 7, 2.0)  # a 64-bit n
+    assert not binds_after(out, x, 50, 7, 2.0)
+    assert launcher.specialisations == 7 and len(raw) == 2
+
+
+def test_hooks_send_launches_through_triton(probe, monkeypatch):
+    launcher, slow, raw = probe
+    out, x = torch.empty(64), torch.randn(64)
+    launcher((1,), out, x, 50, 7, 2.0)
+    monkeypatch.setattr(launch._HOOKS, "active", lambda: True)
+    launcher((1,), out, x, 50, 7, 2.0)
+    assert len(slow) == 2 and not raw
+
+
+def test_unknown_triton_version_stays_plain(monkeypatch):
+    fn = triton.runtime.jit.JITFunction(_probe)
+    calls = []
+    monkeypatch.setattr(fn, "run", lambda *a, grid, warmup, **k: calls.append(grid))
+    monkeypatch.setattr(launch, "_DEVICE", FakeDevice())
+    monkeypatch.setattr(triton, "__version__", "4.1.0")
+    launcher = FastLauncher(fn, {"BLOCK": 32})
+    assert launcher.mode == launch.PLAIN and "outside" in launcher.reason
+    for _ in range(3):
+        launcher((1,), torch.empty(4), torch.empty(4), 4, 7, 1.0)
+    assert calls == [(1,)] * 3 and launcher.specialisations == 0
+
+
+def test_unsupported_argument_kind_goes_plain(probe):
+    launcher, slow, raw = probe
+    launcher((1,), torch.empty(4), None, 4, 7, 1.0)
+    launcher((1,), torch.empty(4), None, 4, 7, 1.0)
+    assert launcher.mode == launch.PLAIN and len(slow) == 2 and not raw
