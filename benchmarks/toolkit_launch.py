@@ -227,21 +227,25 @@ def main() -> int:
         for row in report["int64"]:
             print(f"int64 check: {row['case']}: {'ok' if row['correct'] else 'WRONG'}")
     report["launch"] = [{"case": c, "mean_us": m, "single_us": s} for c, m, s in launch_costs()]
-    report["bandwidth"] = bandwidth()
-    if args.sweep:
-        report["sweep"] = {label: bandwidth(policy, SWEEP_CASES, with_torch=False) for label, policy in SWEEP}
-        for label, rows in report["sweep"].items():
-            print(f"sweep {label}: " + "; ".join(f"{r['case']} {r['ours_gbs']:.0f} GB/s" for r in rows))
-    if args.json:
-        with open(args.json, "w") as out:
-            json.dump(report, out, indent=1)
     print("\n| launch (4096 fp32) | µs/call (mean) | µs (median single) |\n|---|---|---|")
     for row in report["launch"]:
         print(f"| {row['case']} | {row['mean_us']:.2f} | {row['single_us']:.2f} |")
+    report["bandwidth"] = bandwidth()
     print("\n| copy | kernel | ok | torch ms | ours ms | torch GB/s | ours GB/s |\n|---|---|---|---|---|---|---|")
     for r in report["bandwidth"]:
         print(f"| {r['case']} | {r['kernel']} | {'yes' if r['correct'] else 'NO'} | {r['torch_ms']:.3f} | "
               f"{r['ours_ms']:.3f} | {r['torch_gbs']:.0f} | {r['ours_gbs']:.0f} |")
+    if args.json:
+        with open(args.json, "w") as out:
+            json.dump(report, out, indent=1)
+    if args.sweep:
+        report["sweep"] = {}
+        for label, policy in SWEEP:
+            rows = report["sweep"][label] = bandwidth(policy, SWEEP_CASES, with_torch=False)
+            print(f"sweep {label}: " + "; ".join(f"{r['case']} {r['ours_gbs']:.0f} GB/s" for r in rows))
+        if args.json:
+            with open(args.json, "w") as out:
+                json.dump(report, out, indent=1)
     bad = [r for r in report["bandwidth"] + report.get("int64", []) if not r["correct"]]
     return 1 if bad else 0
 
