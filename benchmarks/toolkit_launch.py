@@ -36,6 +36,7 @@ flaggems.backend()
 
 from flaggems.toolkit import ElementwisePolicy, FastLauncher, set_policy, strided, strided_copy  # noqa: E402
 from flaggems.toolkit.copy_kernels import copy_flat_kernel  # noqa: E402
+from flaggems.toolkit.raw_launch import bind_launch  # noqa: E402
 
 N_SMALL = 4096
 BLOCK = 4096
@@ -72,6 +73,7 @@ def launch_costs() -> list[tuple[str, float, float]]:
     launcher(grid, dst, src, N_SMALL, tiles)
     kernel = copy_flat_kernel[grid](dst, src, N_SMALL, tiles, BLOCK=BLOCK, INT64=False, num_warps=4)
     run, function, metadata = kernel.run, kernel.function, kernel.packed_metadata
+    direct, form = bind_launch(kernel)
     stream = torch.cuda.current_stream().cuda_stream
     dptr, sptr = dst.data_ptr(), src.data_ptr()
     small_src = torch.randn(64, device="cuda")
@@ -82,9 +84,11 @@ def launch_costs() -> list[tuple[str, float, float]]:
         ("torch copy_ (4096 fp32)", lambda: dst.copy_(src)),
         ("kernel[grid](...)", lambda: copy_flat_kernel[grid](dst, src, N_SMALL, tiles, BLOCK=BLOCK, INT64=False,
                                                               num_warps=4)),
-        ("FastLauncher", lambda: launcher(grid, dst, src, N_SMALL, tiles)),
-        ("CompiledKernel.run, args prebuilt (floor)",
+        (f"FastLauncher ({launcher.form} form)", lambda: launcher(grid, dst, src, N_SMALL, tiles)),
+        ("CompiledKernel.run, args prebuilt",
          lambda: run(1, 1, 1, stream, function, metadata, None, None, None, dptr, sptr, N_SMALL, tiles, BLOCK, False)),
+        (f"bind_launch {form} form, args prebuilt (floor)",
+         lambda: direct(1, 1, 1, stream, dptr, sptr, N_SMALL, tiles, BLOCK, False)),
         ("strided_copy contiguous", lambda: strided_copy(dst, src)),
         ("torch copy_ expand (64,)->(64,64)", lambda: small_dst.copy_(expanded)),
         ("strided_copy expand (64,)->(64,64)", lambda: strided_copy(small_dst, expanded)),
@@ -179,18 +183,14 @@ def time_case(name: str, dst: torch.Tensor, src: torch.Tensor, with_torch: bool)
 
 
 SWEEP = [
-    ("block 1024 w4", ElementwisePolicy(block_size=1024, num_warps=4)),
-    ("block 2048 w4", ElementwisePolicy(block_size=2048, num_warps=4)),
-    ("block 8192 w8", ElementwisePolicy(block_size=8192, tile=8192, num_warps=8)),
+    ("default again", ElementwisePolicy()),
+    ("block 1024 w4", ElementwisePolicy(block_size=1024)),
+    ("block 1024 w4 again", ElementwisePolicy(block_size=1024)),
+    ("block 2048 w8", ElementwisePolicy(block_size=2048, num_warps=8)),
     ("tile 2048 w4", ElementwisePolicy(tile=2048)),
-    ("tile 8192 w8", ElementwisePolicy(tile=8192, num_warps=8)),
-    ("transpose 32x32 w4", ElementwisePolicy(transpose_tile=(32, 32))),
-    ("transpose 64x64 w8", ElementwisePolicy(transpose_tile=(64, 64), num_warps=8)),
-    ("transpose 128x64 w8", ElementwisePolicy(transpose_tile=(128, 64), num_warps=8)),
-    ("max_ctas 528 (4/SM)", ElementwisePolicy(max_ctas=528)),
 ]
 SWEEP_CASES = {"contiguous 256M fp32", "fp32->bf16 256M", "expand (8192,)->(8192,8192) fp32",
-               "transpose 8192^2 fp32", "channels_last->contiguous fp16 64x256x56x56"}
+               "channels_last->contiguous fp16 64x256x56x56", "step slice [::2] 128M fp32"}
 
 
 def int64_check() -> list[dict[str, Any]]:

@@ -8,6 +8,7 @@ runs where the active backend has a GPU.
 from __future__ import annotations
 
 import contextlib
+import types
 
 import flaggems
 import pytest
@@ -18,7 +19,7 @@ ACTIVE = flaggems.backend()  # before decorating kernels: may switch Triton to i
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 from flaggems import binding  # noqa: E402
-from flaggems.toolkit import FastLauncher, launch  # noqa: E402
+from flaggems.toolkit import FastLauncher, launch, raw_launch  # noqa: E402
 
 DEVICE = ACTIVE.device_type
 
@@ -156,7 +157,7 @@ def test_hooks_send_launches_through_triton(probe, monkeypatch):
     launcher, slow, raw = probe
     out, x = torch.empty(64), torch.randn(64)
     launcher((1,), out, x, 50, 7, 2.0)
-    monkeypatch.setattr(launch._HOOKS, "active", lambda: True)
+    monkeypatch.setattr(launch, "hooks_idle", lambda: False)
     launcher((1,), out, x, 50, 7, 2.0)
     assert len(slow) == 2 and not raw
 
@@ -179,3 +180,47 @@ def test_unsupported_argument_kind_goes_plain(probe):
     launcher((1,), torch.empty(4), None, 4, 7, 1.0)
     launcher((1,), torch.empty(4), None, 4, 7, 1.0)
     assert launcher.mode == launch.PLAIN and len(slow) == 2 and not raw
+
+
+# -- raw launch forms -------------------------------------------------------
+
+
+class CudaLauncher:
+    """Named like triton's launcher: records calls of its C launch function."""
+
+    launch_cooperative_grid, launch_pdl = False, True
+
+    def __init__(self, scratch: int = 0) -> None:
+        self.global_scratch_size = scratch
+        self.profile_scratch_size = 0
+        self.calls: list = []
+        self.launch = lambda *args: self.calls.append(args)
+
+
+def test_driver_form_only_for_checked_versions(monkeypatch):
+    kernel = FakeCompiled([])
+    kernel.run = CudaLauncher()
+    monkeypatch.setattr(triton, "__version__", "3.6.0")
+    launch_fn, form = raw_launch.bind_launch(kernel)
+    launch_fn(4, 1, 1, 77, "a", 2)
+    assert form == "driver"
+    assert kernel.run.calls == [(4, 1, 1, 77, 1234, False, True, None, None, "metadata", None, None, None, "a", 2)]
+    monkeypatch.setattr(triton, "__version__", "3.9.0")
+    assert raw_launch.bind_launch(kernel)[1] == "compiled"
+    monkeypatch.setattr(triton, "__version__", "3.6.0")
+    kernel.run = CudaLauncher(scratch=64)
+    assert raw_launch.bind_launch(kernel)[1] == "compiled"
+
+
+def test_hooks_idle(monkeypatch):
+    runtime = types.SimpleNamespace(launch_enter_hook=None, launch_exit_hook=None)
+    monkeypatch.setattr(raw_launch, "_RUNTIME", runtime)
+    assert raw_launch.hooks_idle()
+    runtime.launch_exit_hook = print
+    assert not raw_launch.hooks_idle()
+    chain = getattr(getattr(triton, "knobs", None), "HookChain", None)
+    if chain is not None:
+        runtime.launch_exit_hook = chain()
+        assert raw_launch.hooks_idle()
+        runtime.launch_exit_hook.add(print)
+        assert not raw_launch.hooks_idle()

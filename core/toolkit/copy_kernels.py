@@ -1,13 +1,14 @@
 """Triton kernels of :mod:`flaggems.toolkit.strided`: copy with a cast on store.
 
-Three kernels, chosen on the host after the dimensions are collapsed:
+Two kernels, chosen on the host after the dimensions are collapsed:
 
 * ``copy_flat_kernel``: both operands dense in the same order (rank 1).
-* ``copy_tiled_kernel``: 2-D tiles, columns over the innermost dimension,
-  rows over the others (up to 5 more) unravelled once per row, or over the
-  second dimension alone for a transposed source.
-* ``copy_linear_kernel``: one linear index per element unravelled over up to
-  6 dimensions (rank-1 strided copies and tiny innermost dimensions).
+* ``copy_strided_kernel``: up to 6 dimensions, in one of three shapes of work
+  (constexpr): 2-D tiles with columns over the innermost dimension and rows
+  over the others unravelled once per row; the same with rows over the second
+  dimension alone for a transposed source; or one linear index per element
+  unravelled over every dimension (rank-1 strided copies, tiny innermost
+  dimensions).
 
 Sizes and strides are runtime ``int64`` arguments that Triton does not
 specialise, so a new shape or stride never compiles a new kernel; the
@@ -121,58 +122,30 @@ def copy_flat_kernel(dst, src, n: tl.int64, num_tiles: tl.int64, BLOCK: tl.const
             tl.store(dst + offs, _cast(tl.load(src + offs, mask=mask), dst.dtype.element_ty), mask=mask)
 
 
-@triton.jit(do_not_specialize=SHAPE_SCALARS + FLAT_SCALARS)
-def copy_linear_kernel(dst, src,
-                       size0: tl.int64, size1: tl.int64, size2: tl.int64,
-                       size3: tl.int64, size4: tl.int64, size5: tl.int64,
-                       dst_stride0: tl.int64, dst_stride1: tl.int64, dst_stride2: tl.int64,
-                       dst_stride3: tl.int64, dst_stride4: tl.int64, dst_stride5: tl.int64,
-                       src_stride0: tl.int64, src_stride1: tl.int64, src_stride2: tl.int64,
-                       src_stride3: tl.int64, src_stride4: tl.int64, src_stride5: tl.int64,
-                       n: tl.int64, num_tiles: tl.int64,
-                       RANK: tl.constexpr, BLOCK: tl.constexpr, INT64: tl.constexpr):
-    """Rank-``RANK`` strided copy, one unravelled linear index per element."""
-    pid, step = _programs(INT64)
-    n = _index(n, INT64)
-    s0, s1, s2 = _index(size0, INT64), _index(size1, INT64), _index(size2, INT64)
-    s3, s4, s5 = _index(size3, INT64), _index(size4, INT64), _index(size5, INT64)
-    d0, d1, d2 = _index(dst_stride0, INT64), _index(dst_stride1, INT64), _index(dst_stride2, INT64)
-    d3, d4, d5 = _index(dst_stride3, INT64), _index(dst_stride4, INT64), _index(dst_stride5, INT64)
-    r0, r1, r2 = _index(src_stride0, INT64), _index(src_stride1, INT64), _index(src_stride2, INT64)
-    r3, r4, r5 = _index(src_stride3, INT64), _index(src_stride4, INT64), _index(src_stride5, INT64)
-    for tile in range(pid, _index(num_tiles, INT64), step):
-        idx = tile * BLOCK + tl.arange(0, BLOCK)
-        mask = idx < n
-        if RANK == 1:
-            dst_off = idx * d0
-            src_off = idx * r0
-        else:
-            rem, dst_off, src_off = _unravel(idx, s0, d0, r0, idx * 0, idx * 0)
-            dst_off, src_off = _unravel_dims(rem, dst_off, src_off, 1, RANK,
-                                             s1, s2, s3, s4, s5, d1, d2, d3, d4, d5, r1, r2, r3, r4, r5)
-        x = tl.load(src + src_off, mask=mask)
-        tl.store(dst + dst_off, _cast(x, dst.dtype.element_ty), mask=mask)
+@triton.jit(do_not_specialize=SHAPE_SCALARS + ("count", "tiles0", "tiles1", "num_tiles"))
+def copy_strided_kernel(dst, src,
+                        size0: tl.int64, size1: tl.int64, size2: tl.int64,
+                        size3: tl.int64, size4: tl.int64, size5: tl.int64,
+                        dst_stride0: tl.int64, dst_stride1: tl.int64, dst_stride2: tl.int64,
+                        dst_stride3: tl.int64, dst_stride4: tl.int64, dst_stride5: tl.int64,
+                        src_stride0: tl.int64, src_stride1: tl.int64, src_stride2: tl.int64,
+                        src_stride3: tl.int64, src_stride4: tl.int64, src_stride5: tl.int64,
+                        count: tl.int64, tiles0: tl.int64, tiles1: tl.int64, num_tiles: tl.int64,
+                        RANK: tl.constexpr, LINEAR: tl.constexpr, BLOCK0: tl.constexpr, BLOCK1: tl.constexpr,
+                        INT64: tl.constexpr, DST_UNIT0: tl.constexpr, SRC_UNIT0: tl.constexpr,
+                        TRANSPOSED: tl.constexpr, ALIGNED: tl.constexpr):
+    """Rank-``RANK`` (1..6) strided copy; program ``p`` handles tiles ``p, p + programs, ...``.
 
+    ``LINEAR``: tiles of ``BLOCK0`` consecutive linear indices below ``count``
+    (the number of elements), each unravelled over every dimension.
 
-@triton.jit(do_not_specialize=SHAPE_SCALARS + ("tiles0", "tiles1", "rows", "num_tiles"))
-def copy_tiled_kernel(dst, src,
-                      size0: tl.int64, size1: tl.int64, size2: tl.int64,
-                      size3: tl.int64, size4: tl.int64, size5: tl.int64,
-                      dst_stride0: tl.int64, dst_stride1: tl.int64, dst_stride2: tl.int64,
-                      dst_stride3: tl.int64, dst_stride4: tl.int64, dst_stride5: tl.int64,
-                      src_stride0: tl.int64, src_stride1: tl.int64, src_stride2: tl.int64,
-                      src_stride3: tl.int64, src_stride4: tl.int64, src_stride5: tl.int64,
-                      tiles0: tl.int64, tiles1: tl.int64, rows: tl.int64, num_tiles: tl.int64,
-                      RANK: tl.constexpr, BLOCK0: tl.constexpr, BLOCK1: tl.constexpr, INT64: tl.constexpr,
-                      DST_UNIT0: tl.constexpr, SRC_UNIT0: tl.constexpr, TRANSPOSED: tl.constexpr,
-                      ALIGNED: tl.constexpr):
-    """Rank-``RANK`` (2..6) strided copy over ``[BLOCK1, BLOCK0]`` tiles; columns are dim 0.
+    Otherwise ``[BLOCK1, BLOCK0]`` tiles whose columns are dim 0 (``tiles0``
+    tiles of it). Rows are the ``count`` indices of dims ``1..RANK-1``
+    flattened, unravelled once per row; or, ``TRANSPOSED`` (the source's unit
+    stride is dim 1), rows are dim 1 alone (``tiles1`` tiles of it), loaded
+    along rows and stored along columns (Triton converts the layout through
+    shared memory), dims ``2..`` peeled once per tile.
 
-    Rows are, by default, the ``rows`` indices of dims ``1..RANK-1`` flattened
-    (unravelled once per row, not per element). ``TRANSPOSED``: the source's
-    unit stride is dim 1, so rows are dim 1 alone (``tiles1`` tiles of it), the
-    tile is loaded along rows and stored along columns (Triton converts the
-    layout through shared memory), and dims ``2..`` are peeled once per tile.
     ``*_UNIT0`` mark unit column strides; ``ALIGNED``: size 0 (and size 1 when
     transposed) and every stride the kernel multiplies by are multiples of 16.
     """
@@ -186,34 +159,47 @@ def copy_tiled_kernel(dst, src,
     r0, r1 = _hint16(_index(src_stride0, INT64), ALIGNED), _hint16(_index(src_stride1, INT64), ALIGNED)
     r2, r3 = _hint16(_index(src_stride2, INT64), ALIGNED), _hint16(_index(src_stride3, INT64), ALIGNED)
     r4, r5 = _hint16(_index(src_stride4, INT64), ALIGNED), _hint16(_index(src_stride5, INT64), ALIGNED)
-    t0_count, t1_count, n_rows = _index(tiles0, INT64), _index(tiles1, INT64), _index(rows, INT64)
+    n, t0_count, t1_count = _index(count, INT64), _index(tiles0, INT64), _index(tiles1, INT64)
     for tile in range(pid, _index(num_tiles, INT64), step):
-        i0 = (tile % t0_count) * BLOCK0 + tl.arange(0, BLOCK0)
-        rest = tile // t0_count
-        if TRANSPOSED:
-            i1 = (rest % t1_count) * BLOCK1 + tl.arange(0, BLOCK1)
-            outer = rest // t1_count
-            row_mask = i1 < _hint16(s1, ALIGNED)
-            dst_base = outer * 0
-            src_base = outer * 0
-            if RANK > 2:
-                dst_base, src_base = _unravel_dims(outer, dst_base, src_base, 2, RANK,
-                                                   s1, s2, s3, s4, s5, d1, d2, d3, d4, d5, r1, r2, r3, r4, r5)
-            dst_row = dst_base + i1 * d1
-            src_row = src_base + i1
+        if LINEAR:
+            idx = tile * BLOCK0 + tl.arange(0, BLOCK0)
+            mask = idx < n
+            if RANK == 1:
+                dst_off = idx * d0
+                src_off = idx * r0
+            else:
+                rem, dst_off, src_off = _unravel(idx, s0, d0, r0, idx * 0, idx * 0)
+                dst_off, src_off = _unravel_dims(rem, dst_off, src_off, 1, RANK,
+                                                 s1, s2, s3, s4, s5, d1, d2, d3, d4, d5, r1, r2, r3, r4, r5)
         else:
-            i1 = rest * BLOCK1 + tl.arange(0, BLOCK1)
-            row_mask = i1 < n_rows
-            dst_row, src_row = _unravel_dims(i1, i1 * 0, i1 * 0, 1, RANK,
-                                             s1, s2, s3, s4, s5, d1, d2, d3, d4, d5, r1, r2, r3, r4, r5)
-        if DST_UNIT0:
-            dst_col = i0
-        else:
-            dst_col = i0 * d0
-        if SRC_UNIT0:
-            src_col = i0
-        else:
-            src_col = i0 * r0
-        mask = row_mask[:, None] & (i0 < s0)[None, :]
-        x = tl.load(src + (src_row[:, None] + src_col[None, :]), mask=mask)
-        tl.store(dst + (dst_row[:, None] + dst_col[None, :]), _cast(x, dst.dtype.element_ty), mask=mask)
+            i0 = (tile % t0_count) * BLOCK0 + tl.arange(0, BLOCK0)
+            rest = tile // t0_count
+            if TRANSPOSED:
+                i1 = (rest % t1_count) * BLOCK1 + tl.arange(0, BLOCK1)
+                outer = rest // t1_count
+                row_mask = i1 < _hint16(s1, ALIGNED)
+                dst_base = outer * 0
+                src_base = outer * 0
+                if RANK > 2:
+                    dst_base, src_base = _unravel_dims(outer, dst_base, src_base, 2, RANK,
+                                                       s1, s2, s3, s4, s5, d1, d2, d3, d4, d5, r1, r2, r3, r4, r5)
+                dst_row = dst_base + i1 * d1
+                src_row = src_base + i1
+            else:
+                i1 = rest * BLOCK1 + tl.arange(0, BLOCK1)
+                row_mask = i1 < n
+                dst_row, src_row = _unravel_dims(i1, i1 * 0, i1 * 0, 1, RANK,
+                                                 s1, s2, s3, s4, s5, d1, d2, d3, d4, d5, r1, r2, r3, r4, r5)
+            if DST_UNIT0:
+                dst_col = i0
+            else:
+                dst_col = i0 * d0
+            if SRC_UNIT0:
+                src_col = i0
+            else:
+                src_col = i0 * r0
+            mask = row_mask[:, None] & (i0 < s0)[None, :]
+            dst_off = dst_row[:, None] + dst_col[None, :]
+            src_off = src_row[:, None] + src_col[None, :]
+        x = tl.load(src + src_off, mask=mask)
+        tl.store(dst + dst_off, _cast(x, dst.dtype.element_ty), mask=mask)

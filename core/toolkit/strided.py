@@ -1,7 +1,7 @@
 """Strided elementwise copy with a cast on store: :func:`strided_copy`.
 
 The host collapses dimensions (:func:`~flaggems.toolkit.layout.collapse_dims`),
-picks one of three kernels (:mod:`~flaggems.toolkit.copy_kernels`) and its
+picks a kernel (:mod:`~flaggems.toolkit.copy_kernels`) and its
 constexpr flags, and launches it through a cached
 :class:`~flaggems.toolkit.launch.FastLauncher`. Plans are cached per
 ``(shape, dst strides, src strides)`` so a repeated call does no planning.
@@ -12,7 +12,7 @@ from __future__ import annotations
 import itertools
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -59,10 +59,15 @@ class KernelPlan:
     grid: tuple[int, ...]
     scalars: tuple[int, ...]
     num_warps: int
+    launcher: FastLauncher = field(init=False, compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        # Resolved once per plan rather than looked up (hashing the constexpr tuple) per call.
+        object.__setattr__(self, "launcher", _launcher(self.kernel, self.constexprs, self.num_warps))
 
     def run(self, dst: torch.Tensor, src: torch.Tensor) -> None:
         """Launch on ``dst`` and ``src`` (views matching the planned layout)."""
-        _launcher(self.kernel, self.constexprs, self.num_warps)(self.grid, dst, src, *self.scalars)
+        self.launcher(self.grid, dst, src, *self.scalars)
 
 
 @dataclass(frozen=True)
@@ -95,8 +100,8 @@ EMPTY_PLAN = _EmptyPlan()
 
 _KERNELS = {
     "flat": kernels.copy_flat_kernel,
-    "linear": kernels.copy_linear_kernel,
-    "tiled": kernels.copy_tiled_kernel,
+    "linear": kernels.copy_strided_kernel,
+    "tiled": kernels.copy_strided_kernel,
 }
 _LAUNCHERS: dict[tuple, FastLauncher] = {}
 
@@ -128,9 +133,15 @@ def _linear_plan(sizes: Sequence[int], dst: Sequence[int], src: Sequence[int], n
     block = policy.block_size
     tiles = math.ceil(numel / block)
     int64 = needs_int64(numel, sizes, (dst, src), block)
-    constexprs = (("RANK", len(sizes)), ("BLOCK", block), ("INT64", int64))
-    scalars = (*_padded(sizes, 1), *_padded(dst, 0), *_padded(src, 0), numel, tiles)
+    constexprs = _strided_constexprs(len(sizes), True, block, 1, int64, False, False, False, False)
+    scalars = (*_padded(sizes, 1), *_padded(dst, 0), *_padded(src, 0), numel, 1, 1, tiles)
     return KernelPlan("linear", constexprs, policy.grid(tiles), scalars, policy.num_warps)
+
+
+def _strided_constexprs(rank: int, linear: bool, block0: int, block1: int, int64: bool, dst_unit0: bool,
+                        src_unit0: bool, transposed: bool, aligned: bool) -> tuple[tuple[str, Any], ...]:
+    return (("RANK", rank), ("LINEAR", linear), ("BLOCK0", block0), ("BLOCK1", block1), ("INT64", int64),
+            ("DST_UNIT0", dst_unit0), ("SRC_UNIT0", src_unit0), ("TRANSPOSED", transposed), ("ALIGNED", aligned))
 
 
 def _tile_shape(sizes: Sequence[int], transposed: bool, policy: ElementwisePolicy) -> tuple[int, int]:
@@ -163,10 +174,9 @@ def _tiled_plan(sizes: Sequence[int], dst: Sequence[int], src: Sequence[int], nu
         tiles1 = math.ceil(math.prod(sizes[1:]) / block1)
         tiles = tiles0 * tiles1
     int64 = needs_int64(numel, sizes, (dst, src), block0 + block1)
-    constexprs = (("RANK", len(sizes)), ("BLOCK0", block0), ("BLOCK1", block1), ("INT64", int64),
-                  ("DST_UNIT0", dst_unit0), ("SRC_UNIT0", src_unit0), ("TRANSPOSED", transposed),
-                  ("ALIGNED", aligned))
-    scalars = (*_padded(sizes, 1), *_padded(dst, 0), *_padded(src, 0), tiles0, tiles1, math.prod(sizes[1:]), tiles)
+    constexprs = _strided_constexprs(len(sizes), False, block0, block1, int64, dst_unit0, src_unit0, transposed,
+                                     aligned)
+    scalars = (*_padded(sizes, 1), *_padded(dst, 0), *_padded(src, 0), math.prod(sizes[1:]), tiles0, tiles1, tiles)
     return KernelPlan("tiled", constexprs, policy.grid(tiles), scalars, policy.num_warps)
 
 
