@@ -182,15 +182,17 @@ def time_case(name: str, dst: torch.Tensor, src: torch.Tensor, with_torch: bool)
             "torch_gbs": nbytes / torch_ms / 1e6, "ours_gbs": nbytes / ours_ms / 1e6}
 
 
+#: Alternatives to the default policy (block 1024, tile 4096, transpose 64x64, 4 warps, no CTA cap).
 SWEEP = [
-    ("default again", ElementwisePolicy()),
-    ("block 1024 w4", ElementwisePolicy(block_size=1024)),
-    ("block 1024 w4 again", ElementwisePolicy(block_size=1024)),
+    ("block 4096 w4", ElementwisePolicy(block_size=4096)),
     ("block 2048 w8", ElementwisePolicy(block_size=2048, num_warps=8)),
-    ("tile 2048 w4", ElementwisePolicy(tile=2048)),
+    ("tile 8192 w8", ElementwisePolicy(tile=8192, num_warps=8)),
+    ("transpose 32x32 w4", ElementwisePolicy(transpose_tile=(32, 32))),
+    ("transpose 128x64 w8", ElementwisePolicy(transpose_tile=(128, 64), num_warps=8)),
+    ("max_ctas 528 (4/SM)", ElementwisePolicy(max_ctas=528)),
 ]
 SWEEP_CASES = {"contiguous 256M fp32", "fp32->bf16 256M", "expand (8192,)->(8192,8192) fp32",
-               "channels_last->contiguous fp16 64x256x56x56", "step slice [::2] 128M fp32"}
+               "transpose 8192^2 fp32", "channels_last->contiguous fp16 64x256x56x56", "step slice [::2] 128M fp32"}
 
 
 def int64_check() -> list[dict[str, Any]]:

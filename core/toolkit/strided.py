@@ -20,7 +20,7 @@ import torch
 from . import copy_kernels as kernels
 from .launch import FastLauncher
 from .layout import collapse_dims, move_dim, span
-from .tuning import ElementwisePolicy, elementwise_policy
+from .tuning import ElementwisePolicy, elementwise_policy, on_policy_change
 
 #: dtypes :func:`strided_copy` reads and writes.
 SUPPORTED_DTYPES = frozenset({
@@ -209,27 +209,9 @@ def plan_copy(shape: Sequence[int], dst_strides: Sequence[int], src_strides: Seq
     return SplitPlan(sizes[:cut], (dst[:cut], src[:cut]), sizes[cut:], (dst[cut:], src[cut:]), inner)
 
 
-class _PlanCache:
-    """Plans per layout, valid for one policy (a new policy empties the cache)."""
-
-    def __init__(self) -> None:
-        self.policy: ElementwisePolicy | None = None
-        self.plans: dict[tuple, Any] = {}
-
-    def get(self, key: tuple, policy: ElementwisePolicy) -> Any:
-        if policy is not self.policy:
-            self.plans.clear()
-            self.policy = policy
-        return self.plans.get(key)
-
-    def put(self, key: tuple, plan: Any) -> Any:
-        if len(self.plans) >= _PLAN_CACHE_SIZE:
-            self.plans.clear()
-        self.plans[key] = plan
-        return plan
-
-
-_PLANS = _PlanCache()
+#: Plans per layout key, valid for the current policy (emptied when it changes).
+_PLANS: dict[tuple, Any] = {}
+on_policy_change(_PLANS.clear)
 
 
 def _check(dst: torch.Tensor, src: torch.Tensor) -> None:
@@ -256,16 +238,23 @@ def strided_copy(dst: torch.Tensor, src: torch.Tensor) -> None:
     caller's business.
     """
     _check(dst, src)
-    policy = elementwise_policy()
     if dst.is_contiguous() and src.is_contiguous():
         key: tuple = (dst.numel(),)
     else:
         key = (dst.shape, dst.stride(), src.stride())
-    plan = _PLANS.get(key, policy)
+    plan = _PLANS.get(key)
     if plan is None:
-        if len(key) == 1:
-            plan = EMPTY_PLAN if key[0] == 0 else flat_plan(key[0], policy)
-        else:
-            plan = plan_copy(dst.shape, dst.stride(), src.stride(), policy)
-        _PLANS.put(key, plan)
+        plan = _new_plan(key, dst, src)
     plan.run(dst, src)
+
+
+def _new_plan(key: tuple, dst: torch.Tensor, src: torch.Tensor) -> KernelPlan | SplitPlan | _EmptyPlan:
+    policy = elementwise_policy()
+    if len(key) == 1:
+        plan = EMPTY_PLAN if key[0] == 0 else flat_plan(key[0], policy)
+    else:
+        plan = plan_copy(dst.shape, dst.stride(), src.stride(), policy)
+    if len(_PLANS) >= _PLAN_CACHE_SIZE:
+        _PLANS.clear()
+    _PLANS[key] = plan
+    return plan

@@ -22,7 +22,7 @@ Unknown keys are ignored (a newer plugin may know more keys).
 from __future__ import annotations
 
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -33,8 +33,9 @@ KEY = "elementwise"
 class ElementwisePolicy:
     """Validated grid/tile policy (see the module docstring for each field)."""
 
-    # 4096 elements and 4 warps: 32 elements (8 x 16-byte vectors of fp32) per thread.
-    block_size: int = 4096
+    # 1024 elements and 4 warps: contiguous 256M fp32 copies ran at 4231 GB/s against 4104 with
+    # 4096 (H200, triton 3.6, twice each; tiled and strided shapes unchanged within 1%).
+    block_size: int = 1024
     tile: int = 4096
     transpose_tile: tuple[int, int] = (64, 64)
     num_warps: int = 4
@@ -75,6 +76,12 @@ class ElementwisePolicy:
 
 _LOCK = threading.Lock()
 _CURRENT: ElementwisePolicy | None = None
+_LISTENERS: list[Callable[[], None]] = []
+
+
+def on_policy_change(listener: Callable[[], None]) -> None:
+    """Call ``listener()`` whenever the policy is set or reset (caches derived from it)."""
+    _LISTENERS.append(listener)
 
 
 def elementwise_policy() -> ElementwisePolicy:
@@ -102,6 +109,8 @@ def set_policy(policy: ElementwisePolicy | None) -> None:
         policy.validate()
     with _LOCK:
         _CURRENT = policy
+    for listener in _LISTENERS:
+        listener()
 
 
 def reset_policy() -> None:
