@@ -1,0 +1,111 @@
+"""``flaggems bench``: torch native vs flaggems on the seed workloads.
+
+For each op and shape (declared in :mod:`flaggems.bench.shapes`, one module
+per op) it measures torch native, flaggems (routing policy in force) and,
+with ``--route generic|vendor``, forced routes:
+
+* kernel time: ``triton.testing.do_bench`` median;
+* wall time per call, host overhead included (the device synchronised
+  around rounds of back-to-back calls; median over rounds);
+* speedup = torch / route, and GB/s where the bytes moved are countable;
+* ``ran``: the implementation that actually ran (from the
+  ``flaggems.dispatch`` log channel, on for one untimed probe call only), and
+  ``ok``: whether the result matches torch's.
+
+Usage::
+
+    flaggems bench --list                       # ops and workloads (no device needed)
+    flaggems bench --op copy_ --op index_copy_  # a GPU run of two ops
+    flaggems bench --route generic --json out.json --plot out.png
+    flaggems bench --smoke --op copy_           # tiny shapes; also on the CPU interpreter
+
+Without a GPU only ``--smoke`` runs (timings then are meaningless, and say so).
+Exit status: 0; 1 when a side raised or a result differs from torch's;
+2 for a usage problem or a refused run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable
+from typing import Any
+
+HELP = "time torch native vs flaggems on the seed workloads"
+NO_GPU = ("flaggems bench: no GPU: the active backend is {backend!r} ({reason}).\n"
+          "Timings on the Triton CPU interpreter mean nothing, so nothing was measured. Run it on a GPU,\n"
+          "or pass --smoke for a tiny functional run (timings labelled meaningless).")
+
+Handler = Callable[[argparse.Namespace], int]
+
+
+def register_cli(sub: Any, commands: dict[str, tuple[Handler, str]]) -> None:
+    """Add the ``bench`` subcommand to the ``flaggems`` parser and its handler to ``commands``.
+
+    ``flaggems.cli`` builds a subparser for every name already in ``commands``,
+    so on a second ``build_parser()`` a bare ``bench`` parser exists: reuse it.
+    """
+    parser = sub.choices.get("bench") or sub.add_parser("bench", help=HELP)
+    parser.description = __doc__.split("\n\n")[0]
+    add_arguments(parser)
+    commands["bench"] = (cmd_bench, HELP)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The options of ``flaggems bench``."""
+    parser.add_argument("--op", action="append", default=[], metavar="NAME",
+                        help="a shape file (copy_, index_copy...) or an aten op it routes (index_copy_); repeatable")
+    parser.add_argument("--list", action="store_true", help="list ops and workloads, run nothing")
+    parser.add_argument("--route", action="append", default=[], choices=("generic", "vendor"),
+                        help="also time this forced route (FLAGGEMS_FORCE); repeatable")
+    parser.add_argument("--json", metavar="PATH", help="write every number and the environment as JSON")
+    parser.add_argument("--plot", metavar="PNG", help="write a bar chart of speedups (needs matplotlib)")
+    parser.add_argument("--smoke", action="store_true",
+                        help="tiny shapes and a couple of iterations (works without a GPU; timings meaningless)")
+    parser.add_argument("--dtype", action="append", default=[], metavar="NAME",
+                        help="only workloads with this dtype (fp16, bf16, fp32, int64...); repeatable")
+
+
+def _fail(message: str) -> int:
+    print(f"flaggems bench: {message}", file=sys.stderr)
+    return 2
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    """Handler of ``flaggems bench`` (see the module docstring)."""
+    from . import report, runner, shapes
+
+    workloads = shapes.all_workloads()
+    unknown = sorted(set(args.op) - shapes.known_ops(workloads))
+    if unknown:
+        return _fail(f"unknown op(s) {', '.join(unknown)}; known: {', '.join(sorted({w.op for w in workloads}))} "
+                     "(or an aten op they route; see --list)")
+    chosen = shapes.select(workloads, args.op, args.dtype)
+    if not chosen:
+        return _fail("no workload matches --op/--dtype (see --list)")
+    if args.list:
+        print(report.listing(chosen))
+        return 0
+    if args.plot and not report.plot_available():
+        return _fail("--plot needs matplotlib (pip install 'flaggems-core[bench]')")
+    target = runner.detect()
+    if not target.gpu and not args.smoke:
+        print(NO_GPU.format(backend=target.backend, reason=target.reason), file=sys.stderr)
+        return 2
+    return _run(args, chosen, target)
+
+
+def _run(args: argparse.Namespace, chosen: list, target: Any) -> int:
+    from . import report, runner
+
+    timing = runner.Timing.for_run(args.smoke)
+    side_names = runner.sides(args.route)
+    with report.progress(len(chosen)) as step:
+        results = runner.run_all(chosen, side_names, target, timing, step)
+    meta = runner.environment(target, timing, side_names)
+    print(report.table(results, meta))
+    if args.json:
+        report.write_json(args.json, results, meta)
+    if args.plot:
+        report.write_plot(args.plot, results, meta)
+    return 1 if any(r.failed for r in results) else 0

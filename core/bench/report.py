@@ -1,0 +1,201 @@
+"""Reports of ``flaggems bench``: the table, ``--list``, ``--json``, ``--plot`` and the progress bar."""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import json
+import sys
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+from .runner import TORCH, Result, geomean
+from .workload import Workload, dims
+
+SMOKE_BANNER = "SMOKE RUN: tiny shapes, a couple of iterations; the timings below are meaningless"
+COLUMNS = ("op", "workload", "dtype", "route", "torch us", "route us", "speedup", "torch wall", "route wall",
+           "wall x", "torch GB/s", "route GB/s", "ok", "ran")
+
+
+def _num(value: float | None, suffix: str = "") -> str:
+    if value is None:
+        return "-"
+    text = f"{value:.0f}" if value >= 1000 else f"{value:.3g}" if value < 10 else f"{value:.1f}"
+    return text + suffix
+
+
+def _ok(result: Result, side: str) -> str:
+    m = result.sides[side]
+    if m.error or result.sides[TORCH].error:
+        return "ERROR"
+    return {True: "yes", False: "NO", None: "-"}[m.match]
+
+
+def rows(results: Sequence[Result]) -> list[tuple[str, ...]]:
+    """One row per workload and non-torch route, torch's figures beside it."""
+    out = []
+    for r in results:
+        base = r.sides[TORCH]
+        for side, m in r.sides.items():
+            if side == TORCH:
+                continue
+            w = r.workload
+            out.append((w.op, w.name, w.dtype, side, _num(base.kernel_us), _num(m.kernel_us),
+                        _num(r.speedup(side), "x"), _num(base.wall_us), _num(m.wall_us),
+                        _num(r.speedup(side, "wall_us"), "x"), _num(base.gbps), _num(m.gbps), _ok(r, side),
+                        m.ran or "-"))
+    return out
+
+
+def _align(header: Sequence[str], body: Sequence[Sequence[str]]) -> list[str]:
+    widths = [max(len(row[i]) for row in (header, *body)) for i in range(len(header))]
+    numeric = {i for i, name in enumerate(header) if name.endswith(("us", "wall", "x", "GB/s", "speedup"))}
+    return ["  ".join(cell.rjust(widths[i]) if i in numeric else cell.ljust(widths[i])
+                      for i, cell in enumerate(row)).rstrip() for row in (header, *body)]
+
+
+def summary(results: Sequence[Result], side_names: Sequence[str]) -> dict[str, dict[str, Any]]:
+    """Per route: geomean kernel and wall speedups, and how many workloads count."""
+    return {side: {"geomean_speedup": geomean([r.speedup(side) for r in results]),
+                   "geomean_wall_speedup": geomean([r.speedup(side, "wall_us") for r in results]),
+                   "workloads": sum(1 for r in results if r.speedup(side))}
+            for side in side_names if side != TORCH}
+
+
+def table(results: Sequence[Result], meta: dict[str, Any]) -> str:
+    """The human-readable report: banner, one line of context, the rows, geomeans and problems."""
+    lines = [SMOKE_BANNER] if meta["smoke"] else []
+    lines.append(f"{meta['device']}  torch {meta['torch']}  triton {meta['triton']}  flaggems {meta['flaggems']}"
+                 f"  backend {meta['backend']}")
+    lines.append(meta["timing"])
+    lines.extend(_align(COLUMNS, rows(results)))
+    for side, stats in summary(results, meta["sides"]).items():
+        lines.append(f"geomean speedup {side}: {_num(stats['geomean_speedup'], 'x')} kernel, "
+                     f"{_num(stats['geomean_wall_speedup'], 'x')} wall ({stats['workloads']} workloads)")
+    lines.extend(problems(results))
+    return "\n".join(lines)
+
+
+def problems(results: Sequence[Result]) -> list[str]:
+    """A line per error and per result that differs from torch's."""
+    found = []
+    for r in results:
+        for side, m in r.sides.items():
+            where = f"{r.workload.op} {r.workload.name} {r.workload.dtype} [{side}]"
+            if m.error:
+                found.append(f"error: {where}: {m.error}")
+            elif m.match is False:
+                found.append(f"MISMATCH: {where}: differs from torch (max abs diff {m.max_diff})")
+    return found
+
+
+def listing(workloads: Sequence[Workload]) -> str:
+    """``--list``: every op, then its workloads with dtype, routed ops and smoke size."""
+    lines: list[str] = []
+    for op in dict.fromkeys(w.op for w in workloads):
+        mine = [w for w in workloads if w.op == op]
+        lines.append(f"{op} ({len(mine)} workloads)")
+        for w in mine:
+            smoke = ", ".join(f"{k}={_brief(v)}" for k, v in w.smoke.items() if not _is_constant(w, k))
+            lines.append(f"  {w.name:<52} {w.dtype:<11} routes {','.join(w.routes):<40} smoke: {smoke}"
+                         f"  [{w.source}]")
+    lines.append(f"{len(workloads)} workloads")
+    return "\n".join(lines)
+
+
+def _is_constant(w: Workload, key: str) -> bool:
+    return w.params.get(key) == w.smoke.get(key)
+
+
+def _brief(value: Any) -> str:
+    return dims(value) if isinstance(value, tuple) else str(value)
+
+
+def document(results: Sequence[Result], meta: dict[str, Any]) -> dict[str, Any]:
+    """The ``--json`` document."""
+    return {"meta": meta, "summary": summary(results, meta["sides"]), "results": [r.as_dict() for r in results]}
+
+
+def write_json(path: str, results: Sequence[Result], meta: dict[str, Any]) -> None:
+    """Write :func:`document` to ``path``."""
+    with open(path, "w", encoding="utf-8") as handle:
+        json.dump(document(results, meta), handle, indent=2)
+        handle.write("\n")
+
+
+def plot_available() -> bool:
+    """True when matplotlib can be imported."""
+    return importlib.util.find_spec("matplotlib") is not None
+
+
+def write_plot(path: str, results: Sequence[Result], meta: dict[str, Any]) -> None:
+    """Bars of kernel speedup (torch / route) per workload, from 1x on a log scale.
+
+    A hatched bar is a route where flaggems ran nothing (the native kernel ran).
+    """
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.ticker import FuncFormatter
+
+    routes = [s for s in meta["sides"] if s != TORCH]
+    height = 0.8 / max(1, len(routes))
+    fig, ax = plt.subplots(figsize=(12, 1.8 + 0.22 * len(results) * len(routes) ** 0.5))
+    for i, side in enumerate(routes):
+        _bars(ax, results, side, i * height, height, f"C{i}")
+    ax.set_yticks([y + height * (len(routes) - 1) / 2 for y in range(len(results))],
+                  [f"{r.workload.op}: {r.workload.name} {r.workload.dtype}" for r in results], fontsize=7)
+    ax.set_ylim(len(results) - 0.5 + height * (len(routes) - 1), -0.5)
+    ax.axvline(1.0, color="black", linewidth=0.8)
+    ax.set_xscale("log")
+    ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}x"))
+    ax.set_xlabel("speedup = torch kernel time / route kernel time (right of 1x: faster than torch; "
+                  "hatched: native ran)")
+    title = f"flaggems bench on {meta['device']} (torch {meta['torch']}, triton {meta['triton']}, {meta['date']})"
+    ax.set_title(f"{title}\n{SMOKE_BANNER}" if meta["smoke"] else title, fontsize=9,
+                 color="red" if meta["smoke"] else "black")
+    ax.legend(loc="lower right", fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def _bars(ax: Any, results: Sequence[Result], side: str, offset: float, height: float, color: str) -> None:
+    """One route's bars, drawn from 1x to its speedup."""
+    for y, r in enumerate(results):
+        value = r.speedup(side)
+        if value is None:
+            continue
+        native = r.sides[side].ran.startswith("native")
+        ax.barh(y + offset, value - 1.0, left=1.0, height=height, color=color, hatch="///" if native else None,
+                alpha=0.45 if native else 1.0, edgecolor="white" if native else color,
+                label=side if y == next(i for i, q in enumerate(results) if q.speedup(side)) else None)
+
+
+@contextlib.contextmanager
+def progress(total: int) -> Iterator[Callable[[str], None]]:
+    """A ``step(description)`` callable: a tqdm bar when installed, else a counter on stderr."""
+    try:
+        from tqdm import tqdm
+    except ImportError:
+        tqdm = None
+    if tqdm is not None:
+        bar = tqdm(total=total, file=sys.stderr, unit="workload", dynamic_ncols=True)
+
+        def step(description: str) -> None:
+            bar.set_description(description[:60], refresh=False)
+            bar.update(1)
+
+        try:
+            yield step
+        finally:
+            bar.close()
+        return
+    count = [0]
+
+    def count_step(description: str) -> None:
+        count[0] += 1
+        print(f"[{count[0]}/{total}] {description}", file=sys.stderr, flush=True)
+
+    yield count_step
