@@ -170,14 +170,29 @@ def build_entry(op: str, chain: Sequence[ResolvedLink], native: NativeKernel, in
     return _build_chain_entry(op, tuple(chain), native, interpreter, channels, busy)
 
 
+def _number_check(native: NativeKernel) -> Callable[[tuple], bool]:
+    """Per-op test: did a Python number arrive in a Tensor slot?
+
+    The dispatcher hands wrapped numbers (``x + 0.5``) to Python kernels as
+    Python scalars; implementations never see them: such calls go native,
+    where they are re-wrapped. Specialised for one slot, the common case.
+    """
+    positions = native.tensor_positions
+    if len(positions) == 1:
+        (only,) = positions
+        return lambda args: len(args) > only and args[only].__class__ in _PY_NUMBER
+    return lambda args: any(len(args) > i and args[i].__class__ in _PY_NUMBER for i in positions)
+
+
 def _build_single_entry(fn: Callable[..., Any], native: NativeKernel, busy: set[int],
                         interpreter: bool) -> Callable[..., Any]:
     get_ident = threading.get_ident
     native_threads = _NATIVE_THREADS if interpreter else frozenset()
+    has_number = _number_check(native)
 
     def entry(*args: Any, **kwargs: Any) -> Any:
         me = get_ident()
-        if me in busy or me in native_threads:
+        if me in busy or me in native_threads or has_number(args):
             return native(*args, **kwargs)
         busy.add(me)
         try:
@@ -197,12 +212,13 @@ def _build_chain_entry(op: str, chain: tuple[ResolvedLink, ...], native: NativeK
     native_threads = _NATIVE_THREADS if interpreter else frozenset()
     dispatch_log = log.logger("dispatch") if "dispatch" in channels else None
     fallback_log = log.logger("fallback") if "fallback" in channels else None
+    has_number = _number_check(native)
 
     def entry(*args: Any, **kwargs: Any) -> Any:
         me = get_ident()
-        if me in busy or me in native_threads:
+        if me in busy or me in native_threads or has_number(args):
             if dispatch_log:
-                dispatch_log.info("%s -> native (re-entered)", op)
+                dispatch_log.info("%s -> native (re-entered or Python scalar)", op)
             return native(*args, **kwargs)
         busy.add(me)
         try:

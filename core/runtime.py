@@ -118,7 +118,9 @@ class Runtime:
             active = self.active_backend()
             routes = self.compute_routes(include, exclude)
             binding = Binding(active.dispatch_key)
-            binding.register(routes, active.interpreter, log.configure())
+            log.configure()  # FLAGGEMS_LOG; channels switched on in code count too
+            channels = frozenset(c for c in log.CHANNELS if log.is_on(c))
+            binding.register(routes, active.interpreter, channels)
             self._binding, self._enabled_with, self._routes = binding, key, routes
 
     def disable(self) -> None:

@@ -22,18 +22,24 @@ flaggems.backend()
 
 @pytest.fixture
 def runtime(monkeypatch):
-    """The process runtime, restored after the test (plugins, backend, overrides)."""
+    """The process runtime with no installed plugin (core tests register fakes).
+
+    Restores plugins, records, backend choice and FLAGGEMS_* variables after.
+    """
     saved_records = dict(RUNTIME.manager.records)
-    saved_plugins = {name: plugin for name, plugin in RUNTIME.manager.pm.list_name_plugin()}
+    saved_plugins = list(RUNTIME.manager.pm.list_name_plugin())
     for key in [k for k in os.environ if k.startswith("FLAGGEMS_") and k != "FLAGGEMS_CHECK_INDICES"]:
         monkeypatch.delenv(key)
     RUNTIME.disable()
+    for name, _ in saved_plugins:
+        RUNTIME.manager.unregister(name)
     RUNTIME._active = None  # tests register backends, then select
     yield RUNTIME
     RUNTIME.disable()
     for name, _ in list(RUNTIME.manager.pm.list_name_plugin()):
-        if name not in saved_plugins:
-            RUNTIME.manager.pm.unregister(name=name)
+        RUNTIME.manager.pm.unregister(name=name)
+    for name, plugin in saved_plugins:
+        RUNTIME.manager.pm.register(plugin, name=name)
     RUNTIME.manager.records.clear()
     RUNTIME.manager.records.update(saved_records)
     RUNTIME._active = None

@@ -81,7 +81,7 @@ def test_interpreter_internal_copy_does_not_recurse(runtime, calls):
     assert calls.count("copy_via_interpreter") >= 1
 
 
-def test_decline_exception_goes_native_with_python_scalars(runtime, calls):
+def test_python_scalars_in_tensor_slots_go_native_with_torch_promotion(runtime, calls):
     runtime.manager.register(DecliningAdd(), "fake-add")
     half = torch.ones(3, dtype=torch.float16)
     ints = torch.ones(3, dtype=torch.int32)
@@ -89,9 +89,21 @@ def test_decline_exception_goes_native_with_python_scalars(runtime, calls):
     expected = [half + 0.5, ints + 0.5, ints + 2, zero_dim + 0.5, half + True]
     with flaggems.enabled():
         results = [half + 0.5, ints + 0.5, ints + 2, zero_dim + 0.5, half + True]
-    assert calls.count("declining_add") == 5
+        both_tensors = half + half
+    assert calls == ["declining_add"], "implementations never see Python numbers in Tensor slots"
+    assert torch.equal(both_tensors, torch.full((3,), 2.0, dtype=torch.float16))
     for got, want in zip(results, expected):
         assert got.dtype == want.dtype and torch.equal(got, want)
+
+
+def test_native_kernel_rewraps_python_scalars():
+    from flaggems.binding import NativeKernel
+
+    native = NativeKernel.capture("add.Tensor", "CPU")
+    half = torch.ones(2, dtype=torch.float16)
+    assert native(half, 0.5).dtype == torch.float16
+    assert native(torch.ones(2, dtype=torch.int32), 0.5).dtype == torch.float32
+    assert native(torch.ones(2, dtype=torch.int32), 3).dtype == torch.int32
 
 
 def test_enable_is_idempotent_and_context_restores(runtime, calls):

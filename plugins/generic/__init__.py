@@ -9,8 +9,14 @@ from __future__ import annotations
 
 from flaggems import Backend, OpImpl, hookimpl
 
-#: Operators of this plugin: (aten overload, implementation, supports predicate).
-OPERATORS: tuple[OpImpl, ...] = ()
+_FLOATS = ("float16", "bfloat16", "float32", "float64")
+_COPY_DTYPES = (*_FLOATS, "int8", "int16", "int32", "int64", "uint8", "bool")
+
+#: Operators of this plugin, one module each; the callables are imported at enable().
+OPERATORS: tuple[OpImpl, ...] = (
+    OpImpl("copy_", f"{__name__}.copy_:copy_", dtypes=_COPY_DTYPES),
+    OpImpl("_to_copy", f"{__name__}.to_copy:to_copy", dtypes=_COPY_DTYPES),
+)
 
 
 @hookimpl

@@ -1,0 +1,92 @@
+"""``aten::copy_``: broadcast, cast and strided copy in one kernel launch.
+
+Contract (everything else declines to the native kernel, with the reason on
+the ``fallback`` log channel):
+
+* ``self`` and ``src`` on the same device, dtypes among float16, bfloat16,
+  float32, float64, int8, int16, int32, int64, uint8 and bool (any pair: the
+  cast happens in the kernel), strided layout, no conj/neg view bits;
+* ``src`` broadcastable to ``self`` (expanded, zero strides allowed);
+* any strides on both sides (expand, transpose, slice with a step, permute,
+  any rank): the toolkit collapses dimensions and passes real strides.
+
+Errors are torch's: a destination whose elements overlap each other (an
+expanded tensor) raises torch's RuntimeError; a shape that does not
+broadcast raises torch's message. Partial overlap between ``src`` and
+``self`` goes native, so the result (or error) is exactly torch's.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from flaggems import Decline
+from flaggems.toolkit.strided import SUPPORTED_DTYPES, strided_copy
+
+INTERNAL_OVERLAP = ("unsupported operation: more than one element of the written-to tensor refers to a "
+                    "single memory location. Please clone() the tensor before performing the operation.")
+
+
+def has_internal_overlap(tensor: torch.Tensor) -> bool:
+    """torch's ``has_internal_overlap(...) == YES``: a zero stride over more than one element."""
+    return any(stride == 0 and size > 1 for size, stride in zip(tensor.shape, tensor.stride()))
+
+
+def _span_bytes(tensor: torch.Tensor) -> tuple[int, int]:
+    """[first, last) byte range a strided tensor touches in its storage."""
+    item = tensor.element_size()
+    start = tensor.storage_offset() * item
+    reach = sum((size - 1) * stride for size, stride in zip(tensor.shape, tensor.stride()) if size > 0)
+    return start, start + (reach + 1) * item
+
+
+def _overlap(dst: torch.Tensor, src: torch.Tensor) -> str | None:
+    """``"same"`` when ``src`` is ``dst`` viewed identically, ``"partial"`` for other overlaps."""
+    if dst.untyped_storage().data_ptr() != src.untyped_storage().data_ptr():
+        return None
+    if (dst.storage_offset() == src.storage_offset() and dst.dtype == src.dtype
+            and dst.shape == src.shape and dst.stride() == src.stride()):
+        return "same"
+    a0, a1 = _span_bytes(dst)
+    b0, b1 = _span_bytes(src)
+    return "partial" if a0 < b1 and b0 < a1 else None
+
+
+def _decline_reason(dst: torch.Tensor, src: torch.Tensor) -> str | None:
+    if dst.device != src.device:
+        return f"cross-device copy {src.device} -> {dst.device}"
+    if dst.dtype not in SUPPORTED_DTYPES or src.dtype not in SUPPORTED_DTYPES:
+        return f"dtype pair {src.dtype} -> {dst.dtype}"
+    if dst.layout != torch.strided or src.layout != torch.strided:
+        return "non-strided layout"
+    if src.is_neg() or dst.is_neg():
+        return "negative view bit"
+    return None
+
+
+def copy_(self: torch.Tensor, src: torch.Tensor, non_blocking: bool = False) -> torch.Tensor:
+    """``self.copy_(src)`` through the toolkit's strided cast kernel."""
+    reason = _decline_reason(self, src)
+    if reason is not None:
+        raise Decline(reason)
+    if has_internal_overlap(self):
+        raise RuntimeError(INTERNAL_OVERLAP)
+    if src.shape != self.shape:
+        src = _broadcast(src, self)
+    if self.numel() == 0:
+        return self
+    overlap = _overlap(self, src)
+    if overlap == "same":
+        return self
+    if overlap == "partial":
+        raise Decline("source and destination partially overlap")
+    strided_copy(self, src)
+    return self
+
+
+def _broadcast(src: torch.Tensor, dst: torch.Tensor) -> torch.Tensor:
+    """``src`` expanded to ``dst``'s shape, with torch's error messages."""
+    shape = torch._C._infer_size(dst.shape, src.shape)  # raises torch's own message
+    if shape != dst.shape:
+        raise RuntimeError(f"output with shape {list(dst.shape)} doesn't match the broadcast shape {list(shape)}")
+    return src.expand(dst.shape)
