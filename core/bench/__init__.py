@@ -36,6 +36,16 @@ NO_GPU = ("flaggems bench: no GPU: the active backend is {backend!r} ({reason}).
           "Timings on the Triton CPU interpreter mean nothing, so nothing was measured. Run it on a GPU,\n"
           "or pass --smoke for a tiny functional run (timings labelled meaningless).")
 
+EXAMPLES = """examples:
+  flaggems bench --list                          ops and workloads (no device needed)
+  flaggems bench --json out.json --plot out.png  everything, on a GPU
+  flaggems bench --op index_copy_ --dtype fp16   one aten op, one dtype
+  flaggems bench --op copy_ --route generic      also the generic implementations alone
+  flaggems bench --smoke --op copy_              tiny shapes, also without a GPU (timings meaningless)
+
+exit status: 0; 1 when a side raised or a result differs from torch's; 2 for a usage problem
+or a refused run (no GPU without --smoke). See benchmarks/README.md."""
+
 Handler = Callable[[argparse.Namespace], int]
 
 
@@ -46,7 +56,9 @@ def register_cli(sub: Any, commands: dict[str, tuple[Handler, str]]) -> None:
     so on a second ``build_parser()`` a bare ``bench`` parser exists: reuse it.
     """
     parser = sub.choices.get("bench") or sub.add_parser("bench", help=HELP)
-    parser.description = __doc__.split("\n\n")[0]
+    parser.description = "Time torch native vs flaggems (and forced routes) on the seed workloads."
+    parser.epilog = EXAMPLES
+    parser.formatter_class = argparse.RawDescriptionHelpFormatter
     add_arguments(parser)
     commands["bench"] = (cmd_bench, HELP)
 
