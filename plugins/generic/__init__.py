@@ -16,6 +16,15 @@ _COPY_DTYPES = (*_FLOATS, "int8", "int16", "int32", "int64", "uint8", "bool")
 OPERATORS: tuple[OpImpl, ...] = (
     OpImpl("copy_", f"{__name__}.copy_:copy_", dtypes=_COPY_DTYPES),
     OpImpl("_to_copy", f"{__name__}.to_copy:to_copy", dtypes=_COPY_DTYPES),
+    OpImpl("index_copy_", f"{__name__}.index_copy:index_copy_", dtypes=_COPY_DTYPES),
+    OpImpl("index_copy", f"{__name__}.index_copy:index_copy", dtypes=_COPY_DTYPES),
+    OpImpl("index_select", f"{__name__}.index_select:index_select", dtypes=_COPY_DTYPES),
+    OpImpl("repeat_interleave.Tensor", f"{__name__}.repeat_interleave:repeat_interleave_tensor",
+           dtypes=("int32", "int64")),
+    OpImpl("repeat_interleave.self_Tensor", f"{__name__}.repeat_interleave:repeat_interleave_self_tensor",
+           dtypes=_COPY_DTYPES),
+    OpImpl("repeat_interleave.self_int", f"{__name__}.repeat_interleave:repeat_interleave_self_int",
+           dtypes=_COPY_DTYPES),
 )
 
 

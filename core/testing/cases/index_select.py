@@ -1,0 +1,39 @@
+"""Contract cases of ``aten::index_select`` (self, dim, index)."""
+
+from __future__ import annotations
+
+import torch
+
+from .. import Case, register_cases
+from .._inputs import ALL_COPY_DTYPES, short_name, values
+
+
+def _select(name, make_self, dim, index, index_dtype=torch.int64, **kw):
+    return Case(name, lambda d: ((make_self(d), dim, torch.tensor(index, device=d, dtype=index_dtype)), {}), **kw)
+
+
+def _cases():
+    for dtype in ALL_COPY_DTYPES:
+        yield _select(f"dim1-{short_name(dtype)}", lambda d, t=dtype: values((6, 33), t, d), 1, [0, 32, 5, 5, 17])
+    f32 = torch.float32
+    yield _select("dim0", lambda d: values((40, 9), f32, d), 0, [39, 0, 7, 7])
+    yield _select("dim-last-int32-index", lambda d: values((3, 4, 50), f32, d), -1, [49, 1, 2], torch.int32)
+    yield _select("middle-dim-seed-shape", lambda d: values((20, 409, 3), f32, d), 1, [408, 0, 100, 3])
+    yield _select("transposed-input", lambda d: values((9, 6), f32, d).t(), 0, [5, 0, 2])
+    yield _select("sliced-input", lambda d: values((8, 30), f32, d)[::2, 1::3], 1, [0, 9, 4])
+    yield _select("permuted-4d", lambda d: values((3, 4, 5, 6), f32, d).permute(3, 1, 0, 2), 2, [2, 0, 1, 1])
+    yield _select("channels-last", lambda d: values((2, 5, 3, 4), f32, d).to(memory_format=torch.channels_last), 1,
+                  [4, 0])
+    yield _select("zero-dim-index", lambda d: values((4, 6), f32, d), 1, 3)
+    yield _select("zero-dim-input", lambda d: values((), f32, d), 0, [0])
+    yield _select("empty-index", lambda d: values((4, 6), f32, d), 1, [])
+    yield _select("empty-input", lambda d: values((0, 6), f32, d), 1, [1, 2])
+    yield _select("error-out-of-range", lambda d: values((2, 3), f32, d), 1, [0, 3], raises=RuntimeError,
+                  match="out of")
+    yield _select("error-index-2d", lambda d: values((2, 3), f32, d), 1, [[0, 1]], raises=IndexError,
+                  match="Index is supposed to be a vector")
+    yield _select("error-float-index", lambda d: values((2, 3), f32, d), 1, [0.0], index_dtype=torch.float32,
+                  raises=RuntimeError, match="index_select")
+
+
+register_cases("index_select", list(_cases()))

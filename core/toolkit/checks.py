@@ -1,0 +1,41 @@
+"""Argument checks that need the device's data (and so a host synchronisation).
+
+The contract: on the CPU interpreter, or with ``FLAGGEMS_CHECK_INDICES=1``,
+index-like arguments are validated synchronously and bad input raises the
+error torch raises. On a GPU by default no synchronisation is added: kernels
+mask invalid indices so nothing is written out of bounds, but no error is
+raised (torch itself stops there with a device-side assert).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .. import config
+
+_ENABLED: bool | None = None
+
+
+def enabled() -> bool:
+    """True when synchronous checks run (read once; :func:`reset` re-reads)."""
+    global _ENABLED
+    if _ENABLED is None:
+        from ..runtime import RUNTIME
+
+        _ENABLED = bool(config.get("FLAGGEMS_CHECK_INDICES")) or RUNTIME.active_backend().interpreter
+    return _ENABLED
+
+
+def reset() -> None:
+    """Forget the cached answer (after changing ``FLAGGEMS_CHECK_INDICES``)."""
+    global _ENABLED
+    _ENABLED = None
+
+
+def first_out_of_range(index: torch.Tensor, size: int) -> int | None:
+    """The first index value outside ``[0, size)``, or ``None`` (one host sync)."""
+    flat = index.reshape(-1)
+    bad = (flat < 0) | (flat >= size)
+    if not bool(bad.any()):
+        return None
+    return int(flat[bad.nonzero()[0, 0]])

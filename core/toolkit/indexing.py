@@ -1,0 +1,176 @@
+"""Gather and scatter along one dimension: the kernel behind index_copy and index_select.
+
+Two operands of one rank: ``a`` is addressed by position ``j`` along ``dim``
+and ``b`` by ``index[j]``. Scatter writes ``b[..., index[j], ...] = a[..., j, ...]``
+(index_copy); gather writes ``a[..., j, ...] = b[..., index[j], ...]`` (index_select).
+
+The host views the work as ``[outer, j, inner]``: dimensions before ``dim``
+collapse into at most two "outer" dimensions and those after it into at most
+two "inner" ones (:func:`~flaggems.toolkit.layout.collapse_dims`, with the
+operands' real strides: transposed and sliced tensors are addressed in place,
+never copied). One 2-D tile kernel covers both regimes the workload can take:
+rows of ``(outer, j)`` with one index load per row, and columns over
+``inner``. A narrow inner size (``<= 4`` elements, e.g. a 1-D tensor) gets
+tall tiles of many rows, a wide one gets one row per tile and wide columns.
+
+Sizes and strides are runtime ``int64`` arguments (new shapes never compile);
+the constexprs are a bounded menu: tile shape, gather/scatter, 32/64-bit
+offsets. Invalid indices (``< 0`` or ``>= size``) are masked: nothing is
+written out of bounds; a gather writes zeros there. Callers validate indices
+when checking is on.
+"""
+
+# ruff: noqa: N803 - constexpr parameters are UPPER_CASE, as in every Triton kernel
+from __future__ import annotations
+
+from dataclasses import dataclass
+import torch
+import triton
+import triton.language as tl
+
+from .launch import FastLauncher
+from .layout import collapse_dims, span
+
+INT32_LIMIT = 2**31
+#: Elements per program; 4096 = 32 per thread at 4 warps.
+TILE = 4096
+#: Widest column block (elements of the inner dimensions per program).
+MAX_COLS = 1024
+
+_SCALARS = ("outer0", "outer1", "rows", "inner1", "cols", "col_tiles", "dim_size",
+            "a_o0", "a_o1", "a_j", "a_i0", "a_i1", "b_o0", "b_o1", "b_d", "b_i0", "b_i1", "idx_stride", "j_size", "divisor")
+
+#: How the kernel finds ``index[j]``: a tensor, ``j // int``, or ``j // tensor[0]``.
+INDEX_TENSOR, INDEX_DIVIDE_INT, INDEX_DIVIDE_TENSOR = 0, 1, 2
+
+
+@triton.jit(do_not_specialize=_SCALARS)
+def index_along_dim_kernel(a, b, idx,
+                           outer0: tl.int64, outer1: tl.int64, j_size: tl.int64, rows: tl.int64,
+                           inner1: tl.int64, cols: tl.int64, col_tiles: tl.int64, dim_size: tl.int64,
+                           a_o0: tl.int64, a_o1: tl.int64, a_j: tl.int64, a_i0: tl.int64, a_i1: tl.int64,
+                           b_o0: tl.int64, b_o1: tl.int64, b_d: tl.int64, b_i0: tl.int64, b_i1: tl.int64,
+                           idx_stride: tl.int64, divisor: tl.int64,
+                           BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr, SCATTER: tl.constexpr,
+                           INT64: tl.constexpr, INDEX_MODE: tl.constexpr):
+    """One ``BLOCK_R x BLOCK_C`` tile of ``[(outer, j), inner]`` per program (1-D grid)."""
+    pid = tl.program_id(0)
+    if INT64:
+        pid = pid.to(tl.int64)
+    row_tile = pid // col_tiles
+    col_tile = pid - row_tile * col_tiles
+    r = row_tile * BLOCK_R + tl.arange(0, BLOCK_R)
+    c = col_tile * BLOCK_C + tl.arange(0, BLOCK_C)
+    if INT64:
+        r = r.to(tl.int64)
+        c = c.to(tl.int64)
+    row_ok = r < rows
+    col_ok = c < cols
+    j = r % j_size
+    o = r // j_size
+    o1 = o % outer1
+    o0 = o // outer1
+    if INDEX_MODE == 0:  # index tensor
+        target = tl.load(idx + j * idx_stride, mask=row_ok, other=-1)
+    elif INDEX_MODE == 1:  # repeat by a host integer
+        target = j // divisor
+    else:  # repeat by a one-element tensor read on the device (no host sync)
+        target = j // tl.maximum(tl.load(idx), 1)
+    if INT64:
+        target = target.to(tl.int64)
+    else:
+        target = target.to(tl.int32)
+    valid = row_ok & (target >= 0) & (target < dim_size)
+    i1 = c % inner1
+    i0 = c // inner1
+    a_off = (o0 * a_o0 + o1 * a_o1 + j * a_j)[:, None] + (i0 * a_i0 + i1 * a_i1)[None, :]
+    b_off = (o0 * b_o0 + o1 * b_o1 + target * b_d)[:, None] + (i0 * b_i0 + i1 * b_i1)[None, :]
+    mask = valid[:, None] & col_ok[None, :]
+    if SCATTER:
+        tl.store(b + b_off, tl.load(a + a_off, mask=mask), mask=mask)
+    else:
+        values = tl.load(b + b_off, mask=mask, other=0)
+        tl.store(a + a_off, values, mask=row_ok[:, None] & col_ok[None, :])
+
+
+@dataclass(frozen=True)
+class IndexPlan:
+    """Collapsed geometry of one gather/scatter and its launch."""
+
+    scalars: tuple[int, ...]
+    grid: tuple[int]
+    launcher: FastLauncher
+
+
+_LAUNCHERS: dict[tuple, FastLauncher] = {}
+
+
+def _launcher(block_r: int, block_c: int, scatter: bool, int64: bool, mode: int) -> FastLauncher:
+    key = (block_r, block_c, scatter, int64, mode)
+    launcher = _LAUNCHERS.get(key)
+    if launcher is None:
+        constexprs = {"BLOCK_R": block_r, "BLOCK_C": block_c, "SCATTER": scatter, "INT64": int64,
+                      "INDEX_MODE": mode}
+        launcher = _LAUNCHERS[key] = FastLauncher(index_along_dim_kernel, constexprs, num_warps=4)
+    return launcher
+
+
+def _pad2(sizes: tuple[int, ...], strides: tuple[tuple[int, ...], ...]) -> tuple[tuple[int, int], ...] | None:
+    """Left-pad a collapsed group to two dimensions (size 1, stride 0); None when it has more."""
+    if len(sizes) > 2:
+        return None
+    pad = 2 - len(sizes)
+    return ((1,) * pad + sizes, *(((0,) * pad + s) for s in strides))
+
+
+def plan_index(a: torch.Tensor, b: torch.Tensor, dim: int, index: torch.Tensor, scatter: bool,
+               mode: int = INDEX_TENSOR, divisor: int = 1) -> IndexPlan | None:
+    """Plan a gather/scatter of ``a`` (addressed by ``j``) and ``b`` (by ``index[j]``) along ``dim``.
+
+    ``mode`` says how ``index[j]`` is found (:data:`INDEX_TENSOR` reads
+    ``index``; the divide modes compute ``j // divisor`` or ``j // index[0]``,
+    which is ``repeat_interleave`` by a constant).
+
+    Returns ``None`` when the layout needs more than two outer or two inner
+    dimensions after collapsing (the caller then declines to native).
+    """
+    shape, a_st, b_st = a.shape, a.stride(), b.stride()
+    # The written operand decides the order, so stores coalesce.
+    first, second = (b_st, a_st) if scatter else (a_st, b_st)
+    outer = collapse_dims(shape[:dim], first[:dim], second[:dim])
+    inner = collapse_dims(shape[dim + 1:], first[dim + 1:], second[dim + 1:])
+    outer_p, inner_p = _pad2(outer[0], outer[1]), _pad2(inner[0], inner[1])
+    if outer_p is None or inner_p is None:
+        return None
+    (o_sizes, o_first, o_second), (i_sizes, i_first, i_second) = outer_p, inner_p
+    o_a, o_b = (o_second, o_first) if scatter else (o_first, o_second)
+    i_a, i_b = (i_second, i_first) if scatter else (i_first, i_second)
+    j_size = shape[dim]
+    rows = o_sizes[0] * o_sizes[1] * j_size
+    cols = i_sizes[0] * i_sizes[1]
+    block_c = min(triton.next_power_of_2(max(cols, 1)), MAX_COLS)
+    block_r = max(TILE // block_c, 1)
+    col_tiles = triton.cdiv(cols, block_c)
+    tiles = triton.cdiv(rows, block_r) * col_tiles
+    int64 = _needs_int64(a, b, rows * cols, (block_r + 1) * max(cols, 1))
+    scalars = (o_sizes[0], o_sizes[1], j_size, rows, i_sizes[1], cols, col_tiles, b.shape[dim],
+               o_a[0], o_a[1], a_st[dim], i_a[0], i_a[1], o_b[0], o_b[1], b_st[dim], i_b[0], i_b[1],
+               index.stride(0) if index.dim() else 0, max(divisor, 1))
+    return IndexPlan(scalars, (tiles,), _launcher(block_r, block_c, scatter, int64, mode))
+
+
+def _needs_int64(a: torch.Tensor, b: torch.Tensor, work: int, pad: int) -> bool:
+    limit = INT32_LIMIT - pad
+    return work >= limit or any(span(t.shape, t.stride()) + t.numel() >= limit for t in (a, b))
+
+
+def index_along_dim(a: torch.Tensor, b: torch.Tensor, dim: int, index: torch.Tensor, scatter: bool,
+                    mode: int = INDEX_TENSOR, divisor: int = 1) -> bool:
+    """Run the gather/scatter; returns False (nothing done) when the layout is unsupported."""
+    plan = plan_index(a, b, dim, index, scatter, mode, divisor)
+    if plan is None:
+        return False
+    if plan.grid[0]:
+        plan.launcher(plan.grid, a, b, index, *plan.scalars)
+    return True
+

@@ -1,0 +1,185 @@
+"""``aten::repeat_interleave``: the ``.Tensor``, ``.self_Tensor`` and ``.self_int`` overloads.
+
+* **output_size honoured**: when it is given, no overload reads anything back
+  from the device (no ``.item()``, no host synchronisation), so the call can be
+  captured in a CUDA graph. Without it, exactly one synchronisation reads the
+  total and the smallest repeat together.
+* **Load-balanced**: every output element is computed by its own lane with a
+  binary search of the cumulative sum of ``repeats`` (not one program per
+  repeats element with a serial loop).
+* **Never out of bounds**: a wrong ``output_size`` or a negative repeat can
+  only produce unspecified values inside the output. With checks on (CPU
+  interpreter, ``FLAGGEMS_CHECK_INDICES=1``) they raise torch's RuntimeError.
+* Scalar-tensor repeats (one element) with ``output_size`` known: the kernel
+  reads the repeat count on the device.
+* ``self_int`` / ``self_Tensor`` are CompositeImplicitAutograd in torch: a
+  call that needs autograd declines to the native composite, which records
+  the graph.
+"""
+
+# ruff: noqa: N803 - constexpr parameters are UPPER_CASE, as in every Triton kernel
+from __future__ import annotations
+
+import math
+
+import torch
+import triton
+import triton.language as tl
+
+from flaggems import Decline
+from flaggems.toolkit import checks
+from flaggems.toolkit.indexing import INDEX_DIVIDE_INT, INDEX_DIVIDE_TENSOR, index_along_dim
+from flaggems.toolkit.launch import FastLauncher
+from flaggems.toolkit.strided import SUPPORTED_DTYPES
+
+BLOCK = 1024
+
+
+@triton.jit(do_not_specialize=("total", "n", "steps", "values_stride"))
+def _expand_kernel(cumsum, out, values, total: tl.int64, n: tl.int64, steps: tl.int64, values_stride: tl.int64,
+                   BLOCK: tl.constexpr, GATHER: tl.constexpr):
+    """``out[p]`` = the row ``i`` with ``cumsum[i-1] <= p < cumsum[i]`` (or ``values[i]`` when gathering)."""
+    p = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    live = p < total
+    lo = tl.zeros((BLOCK,), dtype=tl.int64)
+    hi = tl.zeros((BLOCK,), dtype=tl.int64) + n
+    for _ in range(steps):
+        mid = (lo + hi) // 2
+        ends = tl.load(cumsum + mid, mask=live & (mid < n), other=0)
+        right = ends <= p
+        lo = tl.where(right, mid + 1, lo)
+        hi = tl.where(right, hi, mid)
+    row = tl.minimum(lo, n - 1)  # p beyond cumsum[-1] (a wrong output_size) stays in bounds
+    if GATHER:
+        tl.store(out + p, tl.load(values + row * values_stride, mask=live), mask=live)
+    else:
+        tl.store(out + p, row.to(out.dtype.element_ty), mask=live)
+
+
+_LAUNCHERS: dict[bool, FastLauncher] = {}
+
+
+def _launcher(gather: bool) -> FastLauncher:
+    launcher = _LAUNCHERS.get(gather)
+    if launcher is None:
+        launcher = _LAUNCHERS[gather] = FastLauncher(_expand_kernel, {"BLOCK": BLOCK, "GATHER": gather}, num_warps=4)
+    return launcher
+
+
+def _total(repeats: torch.Tensor, cumsum: torch.Tensor, output_size: int | None) -> int:
+    """The output length: ``output_size`` without a sync, else one read of (total, min)."""
+    if output_size is not None and not checks.enabled():
+        return output_size
+    total, smallest = torch.stack((cumsum[-1], repeats.min().to(torch.int64))).tolist()
+    if smallest < 0:
+        raise RuntimeError("repeats can not be negative")
+    if output_size is not None and output_size != total:
+        raise RuntimeError("allocated size does not match required size")
+    return total
+
+
+def _expand(repeats: torch.Tensor, output_size: int | None, values: torch.Tensor | None) -> torch.Tensor:
+    """Row ids (or ``values`` gathered by them) repeated ``repeats`` times each."""
+    cumsum = torch.cumsum(repeats, 0)
+    total = _total(repeats, cumsum, output_size)
+    source = repeats if values is None else values
+    out = torch.empty(total, dtype=source.dtype, device=source.device)
+    n = repeats.shape[0]
+    if total:
+        steps = max(math.ceil(math.log2(n + 1)), 1)
+        gather = values is not None
+        _launcher(gather)((triton.cdiv(total, BLOCK),), cumsum, out, values if gather else out, total, n, steps,
+                          values.stride(0) if gather else 0)
+    return out
+
+
+def _repeats_ok(repeats: torch.Tensor) -> bool:
+    return repeats.dim() == 1 and repeats.dtype in (torch.int32, torch.int64) and repeats.layout == torch.strided
+
+
+def repeat_interleave_tensor(repeats: torch.Tensor, output_size: int | None = None) -> torch.Tensor:
+    """``torch.repeat_interleave(repeats, output_size=...)``: ``[0]*r0 + [1]*r1 + ...``."""
+    if not _repeats_ok(repeats):
+        raise Decline("repeats must be a 1-D int32/int64 tensor: the native kernel raises torch's error")
+    if repeats.shape[0] == 0:
+        return torch.empty(0, dtype=repeats.dtype, device=repeats.device)
+    return _expand(repeats, output_size, None)
+
+
+def _needs_autograd(tensor: torch.Tensor) -> bool:
+    return tensor.requires_grad and torch.is_grad_enabled()
+
+
+def _flatten(self: torch.Tensor, dim: int | None) -> tuple[torch.Tensor, int] | None:
+    """The input and dimension to repeat along (``dim=None`` flattens); None if dim is invalid."""
+    if dim is None:
+        return self.reshape(-1), 0
+    wrap = max(self.dim(), 1)
+    if not -wrap <= dim < wrap:
+        return None
+    return (self.reshape(1) if self.dim() == 0 else self), dim % wrap
+
+
+def repeat_interleave_self_int(self: torch.Tensor, repeats: int, dim: int | None = None,
+                               output_size: int | None = None) -> torch.Tensor:
+    """``x.repeat_interleave(r, dim)`` with a Python int: no tensor of repeats at all."""
+    prepared = _flatten(self, dim)
+    if prepared is None or repeats < 0 or _needs_autograd(self) or self.dtype not in SUPPORTED_DTYPES:
+        raise Decline("invalid arguments or autograd: the native composite handles it")
+    source, dim = prepared
+    total = source.shape[dim] * repeats
+    if output_size is not None and output_size != total:
+        raise Decline("wrong output_size: the native composite raises torch's error")
+    shape = list(source.shape)
+    shape[dim] = total
+    out = torch.empty(shape, dtype=self.dtype, device=self.device)
+    if out.numel() and not index_along_dim(out, source, dim, out, False, INDEX_DIVIDE_INT, repeats):
+        raise Decline("layout needs more than 2 outer or 2 inner dimensions")
+    return out
+
+
+def repeat_interleave_self_tensor(self: torch.Tensor, repeats: torch.Tensor, dim: int | None = None,
+                                  output_size: int | None = None) -> torch.Tensor:
+    """``x.repeat_interleave(repeats, dim)`` with a tensor of repeats (one, or one per slice)."""
+    prepared = _flatten(self, dim)
+    if (prepared is None or _needs_autograd(self) or self.dtype not in SUPPORTED_DTYPES
+            or repeats.dtype not in (torch.int32, torch.int64) or repeats.dim() > 1
+            or repeats.device != self.device):
+        raise Decline("invalid arguments or autograd: the native composite handles it")
+    source, dim = prepared
+    if repeats.numel() == 1 and source.shape[dim] != 1:
+        return _repeat_by_scalar_tensor(source, dim, repeats.reshape(1), output_size)
+    if repeats.dim() == 0 or repeats.shape[0] != source.shape[dim]:
+        raise Decline("repeats size mismatch: the native composite raises torch's error")
+    if source.dim() == 1 and source.shape[0]:
+        return _expand(repeats, output_size, source)
+    rows = repeat_interleave_tensor(repeats, output_size) if repeats.shape[0] else repeats
+    return _gather(source, dim, rows)
+
+
+def _repeat_by_scalar_tensor(source: torch.Tensor, dim: int, repeats: torch.Tensor,
+                             output_size: int | None) -> torch.Tensor:
+    """One repeat count held on the device: ``output_size`` given means no sync."""
+    if output_size is None or checks.enabled():
+        count = int(repeats[0])  # the one sync computing the size needs
+        if count < 0:
+            raise RuntimeError("repeats can not be negative")
+        expected = source.shape[dim] * count
+        if output_size is not None and output_size != expected:
+            raise RuntimeError("allocated size does not match required size")
+        output_size = expected
+    shape = list(source.shape)
+    shape[dim] = output_size
+    out = torch.empty(shape, dtype=source.dtype, device=source.device)
+    if out.numel() and not index_along_dim(out, source, dim, repeats, False, INDEX_DIVIDE_TENSOR):
+        raise Decline("layout needs more than 2 outer or 2 inner dimensions")
+    return out
+
+
+def _gather(source: torch.Tensor, dim: int, rows: torch.Tensor) -> torch.Tensor:
+    shape = list(source.shape)
+    shape[dim] = rows.shape[0]
+    out = torch.empty(shape, dtype=source.dtype, device=source.device)
+    if out.numel() and not index_along_dim(out, source, dim, rows, scatter=False):
+        raise Decline("layout needs more than 2 outer or 2 inner dimensions")
+    return out
