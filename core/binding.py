@@ -257,23 +257,39 @@ class Binding:
         self.natives: dict[str, NativeKernel] = {}
 
     def register(self, routes: dict[str, Route], interpreter: bool, channels: frozenset[str]) -> None:
-        """Register one entry per routed op (ops routed to native stay untouched)."""
+        """Register one entry per routed op (ops routed to native stay untouched).
+
+        A CompositeImplicitAutograd op (``repeat_interleave.self_int``, ...)
+        is registered on the backend's Autograd key too: with only a backend
+        kernel, torch would run it under its "autograd not implemented"
+        fallback and gradients would be wrong. At the Autograd key the native
+        kernel is the composite itself, so a call that needs autograd (the
+        implementation declines it) decomposes and records the graph.
+        """
         prepared = []
         for op, route in routes.items():
             if not route.chain:
                 continue
-            native = NativeKernel.capture(op, self.dispatch_key)
-            entry = build_entry(op, resolve_chain(route), native, interpreter, channels)
-            prepared.append((op, entry, native))
+            chain = resolve_chain(route)
+            for key in self._keys_for(op):
+                native = NativeKernel.capture(op, key)
+                prepared.append((op, key, build_entry(op, chain, native, interpreter, channels), native))
         library = torch.library.Library("aten", "IMPL")
         with warnings.catch_warnings():
             # torch warns once when overriding a C++ kernel: that is the point here.
             warnings.simplefilter("ignore", UserWarning)
-            for op, entry, native in prepared:
-                library.impl(op, entry, self.dispatch_key)
-                self.ops[op] = entry
-                self.natives[op] = native
+            for op, key, entry, native in prepared:
+                library.impl(op, entry, key)
+                if key == self.dispatch_key:
+                    self.ops[op] = entry
+                    self.natives[op] = native
         self.library = library
+
+    def _keys_for(self, op: str) -> tuple[str, ...]:
+        name = _overload(op).name()
+        if torch._C._dispatch_has_kernel_for_dispatch_key(name, "CompositeImplicitAutograd"):
+            return (self.dispatch_key, "Autograd" + self.dispatch_key)
+        return (self.dispatch_key,)
 
     def unregister(self) -> None:
         """Remove every registration, restoring the native kernels."""

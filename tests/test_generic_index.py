@@ -1,0 +1,124 @@
+"""Index family end to end: checks contract, masking, no host sync, CUDA graphs, int64 offsets."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import flaggems
+from flaggems.toolkit import checks
+
+DEV = torch.device(flaggems.backend().device_type)
+CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+
+
+def seed_repeats(rows: int, items: int, dev=DEV) -> torch.Tensor:
+    r = torch.full((rows,), items // rows, dtype=torch.int64, device=dev)
+    r[: items % rows] += 1
+    return r
+
+
+@pytest.fixture
+def unchecked(monkeypatch):
+    """Run as on a GPU without FLAGGEMS_CHECK_INDICES: no synchronous checks."""
+    monkeypatch.setattr(checks, "_ENABLED", False)
+    with flaggems.enabled():
+        yield
+    checks.reset()
+
+
+def test_out_of_range_index_never_writes_out_of_bounds(unchecked):
+    base = torch.zeros(4, 10, device=DEV)
+    view = base[:, 2:6]  # writes outside columns 2..5 would corrupt base
+    view.index_copy_(1, torch.tensor([0, 4, -1, 100], device=DEV), torch.ones(4, 4, device=DEV))
+    expected = torch.zeros(4, 10, device=DEV)
+    expected[:, 2] = 1
+    assert torch.equal(base, expected)
+
+
+def test_out_of_range_gather_writes_zeros(unchecked):
+    x = torch.arange(12.0, device=DEV).reshape(3, 4)
+    out = x.index_select(1, torch.tensor([1, 7], device=DEV))
+    assert torch.equal(out, torch.tensor([[1.0, 0], [5, 0], [9, 0]], device=DEV))
+
+
+def test_wrong_output_size_stays_in_bounds(unchecked):
+    repeats = torch.tensor([2, 1], device=DEV)
+    guard = torch.full((8,), -7, device=DEV, dtype=torch.int64)
+    out = guard[2:5]  # not used by the op: just proves the allocator's neighbours are untouched
+    result = torch.repeat_interleave(repeats, output_size=5)
+    assert result.shape == (5,) and torch.equal(result[:3], torch.tensor([0, 0, 1], device=DEV))
+    assert bool((result >= 0).all() & (result < 2).all())
+    assert torch.equal(out, torch.full((3,), -7, device=DEV, dtype=torch.int64))
+
+
+def test_composite_overloads_keep_autograd():
+    x = torch.randn(3, 4, device=DEV, requires_grad=True)
+    with flaggems.enabled():
+        y = x.repeat_interleave(2, dim=0)
+        z = x.repeat_interleave(torch.tensor([1, 2, 0], device=DEV), dim=0)
+        (y.sum() + z.sum()).backward()
+    # d/dx: 2 copies each from y, plus 1, 2, 0 copies from z
+    assert torch.equal(x.grad, torch.tensor([3.0, 4, 2], device=DEV)[:, None].expand(3, 4))
+
+
+@CUDA
+@pytest.mark.parametrize("case", ["values_known", "tensor_known", "scalar_tensor_known", "self_int"])
+def test_known_output_size_has_no_host_sync(case):
+    rows, items = 17096, 854524
+    r = seed_repeats(rows, items, "cuda")
+    x = torch.arange(rows, device="cuda")
+    run = {
+        "values_known": lambda: torch.repeat_interleave(x, r, output_size=items),
+        "tensor_known": lambda: torch.repeat_interleave(r, output_size=items),
+        "scalar_tensor_known": lambda: x.repeat_interleave(torch.tensor(3, device="cuda"), output_size=3 * rows),
+        "self_int": lambda: x.repeat_interleave(4, output_size=4 * rows),
+    }[case]
+    checks.reset()
+    with flaggems.enabled():
+        expected = run().clone()  # warm-up compiles outside the sync check
+        torch.cuda.synchronize()
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            actual = run()
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+    assert torch.equal(actual, expected)
+
+
+@CUDA
+def test_known_output_size_captures_in_cuda_graph():
+    rows, items = 17096, 854524
+    r = seed_repeats(rows, items, "cuda")
+    x = torch.arange(rows, device="cuda")
+    with flaggems.enabled():
+        reference = torch.repeat_interleave(x, r, output_size=items).clone()
+        graph = torch.cuda.CUDAGraph()
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            torch.repeat_interleave(x, r, output_size=items)  # warm up on the capture stream
+            torch.repeat_interleave(r, output_size=items)
+        torch.cuda.current_stream().wait_stream(stream)
+        with torch.cuda.graph(graph):
+            values = torch.repeat_interleave(x, r, output_size=items)
+            rows_out = torch.repeat_interleave(r, output_size=items)
+        r.copy_(seed_repeats(rows, items, "cuda").flip(0))
+        graph.replay()
+        torch.cuda.synchronize()
+    flipped = seed_repeats(rows, items, "cuda").flip(0)
+    assert torch.equal(values, torch.repeat_interleave(x, flipped, output_size=items))
+    assert torch.equal(rows_out, torch.repeat_interleave(flipped, output_size=items))
+    assert not torch.equal(values, reference)
+
+
+@CUDA
+def test_index_copy_beyond_2_31_elements():
+    n = 2**31 + 64
+    big = torch.zeros(n, dtype=torch.int8, device="cuda")
+    index = torch.tensor([0, 2**31 + 5, n - 1], device="cuda")
+    with flaggems.enabled():
+        big.index_copy_(0, index, torch.tensor([1, 2, 3], dtype=torch.int8, device="cuda"))
+        picked = big.index_select(0, index)
+    assert picked.tolist() == [1, 2, 3]
+    assert int(big.sum()) == 6
