@@ -6,10 +6,10 @@ import threading
 
 import pytest
 import torch
-from flaggems_fakes import kernels
-from flaggems_fakes.plugins import AcmeVendor, CopyPlugin, DecliningAdd, GenericNeg
 
 import flaggems
+from flaggems_fakes import kernels
+from flaggems_fakes.plugins import AcmeVendor, CopyPlugin, DecliningAdd, GenericNeg
 
 
 @pytest.fixture

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 import torch
-from flaggems_fakes.plugins import AcmeVendor, GenericNeg
 
 from flaggems import OpImpl, hookimpl, testing
 from flaggems.testing import Case
+from flaggems_fakes.plugins import AcmeVendor, GenericNeg
 
 
 def _neg_case(dtype, layout):

@@ -9,10 +9,10 @@ import sys
 from pathlib import Path
 
 import pytest
-from flaggems_fakes.plugins import AcmeVendor, BrokenProbe, GenericNeg, Misspelled, Raising
 
 import flaggems
 from flaggems.manager import PluginError
+from flaggems_fakes.plugins import AcmeVendor, BrokenProbe, GenericNeg, Misspelled, Raising
 
 BROKEN_DIST = Path(__file__).parent / "fixtures" / "broken_dist"
 

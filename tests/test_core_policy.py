@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import pytest
-from flaggems_fakes.plugins import AcmeVendor, GenericNeg, OtherGenericNeg
 
 import flaggems
 from flaggems.policy import PolicyError, normalize_op
+from flaggems_fakes.plugins import AcmeVendor, GenericNeg, OtherGenericNeg
 
 
 def chain_of(op: str) -> list[str]:

@@ -20,8 +20,9 @@ from __future__ import annotations
 import importlib
 import pkgutil
 import zlib
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 import torch
 
@@ -49,7 +50,7 @@ class Case:
 
     name: str
     make: Callable[[torch.device], Inputs]
-    raises: type[BaseException] | None = None
+    raises: type[BaseException] | tuple[type[BaseException], ...] | None = None
     match: str | None = None
     ulps: float = 0.0
     check_strides: bool = True
@@ -189,7 +190,7 @@ def _check_error(item: Item, dev: torch.device) -> str:
     except case.raises as exc:
         _assert_message(exc, case, "native")
     else:
-        raise AssertionError(f"{item}: native torch did not raise {case.raises.__name__}; fix the case")
+        raise AssertionError(f"{item}: native torch did not raise {_names(case.raises)}; fix the case")
     try:
         run_impl(item, dev)
     except Declined as exc:
@@ -198,8 +199,13 @@ def _check_error(item: Item, dev: torch.device) -> str:
         _assert_message(exc, case, item.label)
         return "ok"
     except Exception as exc:  # noqa: BLE001
-        raise AssertionError(f"{item}: raised {type(exc).__name__} ({exc}); torch raises {case.raises.__name__}") from exc
-    raise AssertionError(f"{item}: did not raise; torch raises {case.raises.__name__}")
+        message = f"{item}: raised {type(exc).__name__} ({exc}); torch raises {_names(case.raises)}"
+        raise AssertionError(message) from exc
+    raise AssertionError(f"{item}: did not raise; torch raises {_names(case.raises)}")
+
+
+def _names(types: type | tuple[type, ...]) -> str:
+    return " or ".join(t.__name__ for t in (types if isinstance(types, tuple) else (types,)))
 
 
 def _assert_message(exc: BaseException, case: Case, who: str) -> None:
@@ -252,4 +258,5 @@ def _first_diff(actual: torch.Tensor, expected: torch.Tensor) -> str:
     if diff.numel() == 0:
         return "no elementwise difference (NaN pattern?)"
     i = int(diff[0])
-    return f"{diff.numel()} of {actual.numel()} differ; first at flat {i}: {actual.reshape(-1)[i]} vs {expected.reshape(-1)[i]}"
+    first = f"{actual.reshape(-1)[i]} vs {expected.reshape(-1)[i]}"
+    return f"{diff.numel()} of {actual.numel()} differ; first at flat {i}: {first}"

@@ -24,6 +24,7 @@ when checking is on.
 from __future__ import annotations
 
 from dataclasses import dataclass
+
 import torch
 import triton
 import triton.language as tl
@@ -37,8 +38,10 @@ TILE = 4096
 #: Widest column block (elements of the inner dimensions per program).
 MAX_COLS = 1024
 
+# Runtime scalars Triton must not specialise (a new shape never compiles).
 _SCALARS = ("outer0", "outer1", "rows", "inner1", "cols", "col_tiles", "dim_size",
-            "a_o0", "a_o1", "a_j", "a_i0", "a_i1", "b_o0", "b_o1", "b_d", "b_i0", "b_i1", "idx_stride", "j_size", "divisor")
+            "a_o0", "a_o1", "a_j", "a_i0", "a_i1", "b_o0", "b_o1", "b_d", "b_i0", "b_i1",
+            "idx_stride", "j_size", "divisor")
 
 #: How the kernel finds ``index[j]``: a tensor, ``j // int``, or ``j // tensor[0]``.
 INDEX_TENSOR, INDEX_DIVIDE_INT, INDEX_DIVIDE_TENSOR = 0, 1, 2

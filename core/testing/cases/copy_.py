@@ -54,11 +54,13 @@ def _layout_cases():
                 lambda d: values((6, 10), torch.float16, d))
     yield _copy("permute-rank4-f16", lambda d: torch.empty(5, 3, 4, 6, device=d, dtype=torch.float16),
                 lambda d: values((3, 4, 5, 6), torch.float16, d).permute(2, 0, 1, 3))
-    yield _copy("channels-last-both", lambda d: torch.empty(2, 5, 3, 7, device=d).to(memory_format=torch.channels_last),
+    yield _copy("channels-last-both",
+                lambda d: torch.empty(2, 5, 3, 7, device=d).to(memory_format=torch.channels_last),
                 lambda d: values((2, 5, 3, 7), f32, d).to(memory_format=torch.channels_last))
     yield _copy("channels-last-to-contiguous", lambda d: torch.empty(2, 5, 3, 7, device=d),
                 lambda d: values((2, 5, 3, 7), f32, d).to(memory_format=torch.channels_last))
-    yield _copy("non-power-of-two-2d", lambda d: torch.empty(127, 33, device=d).t(), lambda d: values((33, 127), f32, d))
+    yield _copy("non-power-of-two-2d", lambda d: torch.empty(127, 33, device=d).t(),
+                lambda d: values((33, 127), f32, d))
     for rank in (1, 2, 3, 5, 6, 8):
         shape = tuple(2 + (i % 3) for i in range(rank))
         perm = tuple(reversed(range(rank)))
