@@ -28,9 +28,10 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-import flaggems
 import torch
 import triton
+
+import flaggems
 
 flaggems.backend()
 

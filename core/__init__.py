@@ -16,7 +16,8 @@ from __future__ import annotations
 
 import contextlib
 import warnings
-from typing import Any, Iterable, Iterator
+from collections.abc import Iterable, Iterator
+from typing import Any
 
 from . import config as _config
 from .binding import Decline

@@ -14,8 +14,8 @@ Order (no subprocesses, no kernel compiles):
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Sequence
 
 from .types import Backend, ProbeResult, resolve_callable
 

@@ -16,8 +16,9 @@ from __future__ import annotations
 import contextlib
 import threading
 import warnings
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any
 
 import torch
 

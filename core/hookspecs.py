@@ -22,7 +22,8 @@ Example (a whole vendor plugin)::
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Sequence
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import pluggy
 

@@ -11,8 +11,9 @@ from __future__ import annotations
 import importlib.metadata
 import threading
 import warnings
+from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any, Iterator
+from typing import Any
 
 import pluggy
 

@@ -19,8 +19,8 @@ from __future__ import annotations
 
 import sys
 import warnings
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Iterable, Mapping, Sequence
 
 from . import config
 from .backends import ActiveBackend

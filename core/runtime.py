@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import threading
 import warnings
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 from . import backends, config, log, policy
 from .backends import ActiveBackend

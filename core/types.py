@@ -8,8 +8,9 @@ runs (see :mod:`flaggems.policy`).
 from __future__ import annotations
 
 import importlib
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping, Union
+from typing import Any, Union
 
 #: A callable, or a lazy reference ``"package.module:attribute"`` that is
 #: imported only when the core needs it (at ``enable()`` time).

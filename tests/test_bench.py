@@ -6,9 +6,10 @@ import json
 import os
 from collections import Counter
 
-import flaggems
 import pytest
 import torch
+
+import flaggems
 from flaggems.bench import runner, shapes
 from flaggems.cli import main
 from flaggems_fakes.plugins import CopyPlugin

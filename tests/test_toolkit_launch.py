@@ -10,14 +10,16 @@ from __future__ import annotations
 import contextlib
 import types
 
-import flaggems
 import pytest
 import torch
+
+import flaggems
 
 ACTIVE = flaggems.backend()  # before decorating kernels: may switch Triton to its interpreter
 
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
+
 from flaggems import binding  # noqa: E402
 from flaggems.toolkit import FastLauncher, launch, raw_launch  # noqa: E402
 

@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import itertools
 
-import flaggems
 import pytest
 import torch
+
+import flaggems
 
 ACTIVE = flaggems.backend()  # before importing kernels: may switch Triton to its interpreter
 

@@ -29,8 +29,9 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-import flaggems
 import torch
+
+import flaggems
 from flaggems import config
 from flaggems import log as fg_log
 from flaggems.runtime import RUNTIME
