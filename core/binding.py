@@ -65,6 +65,7 @@ def native_scope() -> Iterator[None]:
 
 
 _PY_NUMBER = (bool, int, float, complex)
+_PY_NUMBER_CLASSES = frozenset(_PY_NUMBER)
 
 
 def _scalar_tensor_like(value: Any, tensors: Sequence[torch.Tensor]) -> torch.Tensor:
@@ -179,10 +180,15 @@ def _number_check(native: NativeKernel) -> Callable[[tuple], bool]:
     where they are re-wrapped. Specialised for one slot, the common case.
     """
     positions = native.tensor_positions
+    numbers = _PY_NUMBER_CLASSES
     if len(positions) == 1:
         (only,) = positions
-        return lambda args: len(args) > only and args[only].__class__ in _PY_NUMBER
-    return lambda args: any(len(args) > i and args[i].__class__ in _PY_NUMBER for i in positions)
+        return lambda args: len(args) > only and args[only].__class__ in numbers
+    if len(positions) == 2:
+        first, second = positions
+        return lambda args: ((len(args) > first and args[first].__class__ in numbers)
+                             or (len(args) > second and args[second].__class__ in numbers))
+    return lambda args: any(len(args) > i and args[i].__class__ in numbers for i in positions)
 
 
 def _build_single_entry(fn: Callable[..., Any], native: NativeKernel, busy: set[int],

@@ -248,6 +248,19 @@ def strided_copy(dst: torch.Tensor, src: torch.Tensor) -> None:
     plan.run(dst, src)
 
 
+def copy_dense(dst: torch.Tensor, src: torch.Tensor, numel: int) -> None:
+    """:func:`strided_copy` for two contiguous operands of ``numel`` elements, unchecked.
+
+    For callers that already validated shapes, dtypes and devices (``copy_``'s
+    hot path): skips the checks and the layout key, ~1 µs of host time.
+    """
+    key = (numel,)
+    plan = _PLANS.get(key)
+    if plan is None:
+        plan = _new_plan(key, dst, src)
+    plan.run(dst, src)
+
+
 def _new_plan(key: tuple, dst: torch.Tensor, src: torch.Tensor) -> KernelPlan | SplitPlan | _EmptyPlan:
     policy = elementwise_policy()
     if len(key) == 1:

@@ -21,15 +21,10 @@ from __future__ import annotations
 import torch
 
 from flaggems import Decline
-from flaggems.toolkit.strided import SUPPORTED_DTYPES, strided_copy
+from flaggems.toolkit.strided import SUPPORTED_DTYPES, copy_dense, strided_copy
 
 INTERNAL_OVERLAP = ("unsupported operation: more than one element of the written-to tensor refers to a "
                     "single memory location. Please clone() the tensor before performing the operation.")
-
-
-def has_internal_overlap(tensor: torch.Tensor) -> bool:
-    """torch's ``has_internal_overlap(...) == YES``: a zero stride over more than one element."""
-    return any(stride == 0 and size > 1 for size, stride in zip(tensor.shape, tensor.stride()))
 
 
 def _span_bytes(tensor: torch.Tensor) -> tuple[int, int]:
@@ -57,8 +52,6 @@ def _decline_reason(dst: torch.Tensor, src: torch.Tensor) -> str | None:
         return f"cross-device copy {src.device} -> {dst.device}"
     if dst.dtype not in SUPPORTED_DTYPES or src.dtype not in SUPPORTED_DTYPES:
         return f"dtype pair {src.dtype} -> {dst.dtype}"
-    if dst.layout != torch.strided or src.layout != torch.strided:
-        return "non-strided layout"
     if src.is_neg() or dst.is_neg():
         return "negative view bit"
     return None
@@ -66,10 +59,29 @@ def _decline_reason(dst: torch.Tensor, src: torch.Tensor) -> str | None:
 
 def copy_(self: torch.Tensor, src: torch.Tensor, non_blocking: bool = False) -> torch.Tensor:
     """``self.copy_(src)`` through the toolkit's strided cast kernel."""
-    reason = _decline_reason(self, src)
-    if reason is not None:
-        raise Decline(reason)
-    if has_internal_overlap(self):
+    if (self.dtype not in SUPPORTED_DTYPES or src.dtype not in SUPPORTED_DTYPES
+            or self.get_device() != src.get_device() or src.is_neg() or self.is_neg()):
+        raise Decline(_decline_reason(self, src) or "unsupported")
+    if self.shape == src.shape and self.is_contiguous() and src.is_contiguous():
+        return _copy_dense(self, src)
+    return _copy_strided(self, src)
+
+
+def _copy_dense(self: torch.Tensor, src: torch.Tensor) -> torch.Tensor:
+    """Hot path: same shape, both contiguous (no internal overlap is possible)."""
+    numel = self.numel()
+    if numel:
+        dst_ptr, src_ptr = self.data_ptr(), src.data_ptr()
+        if dst_ptr == src_ptr and self.dtype == src.dtype:
+            return self
+        if dst_ptr < src_ptr + numel * src.element_size() and src_ptr < dst_ptr + numel * self.element_size():
+            raise Decline("source and destination partially overlap")
+        copy_dense(self, src, numel)
+    return self
+
+
+def _copy_strided(self: torch.Tensor, src: torch.Tensor) -> torch.Tensor:
+    if torch._debug_has_internal_overlap(self) == 1:  # torch's MemOverlap::Yes
         raise RuntimeError(INTERNAL_OVERLAP)
     if src.shape != self.shape:
         src = _broadcast(src, self)

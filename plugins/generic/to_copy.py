@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 
 from flaggems import Decline
-from flaggems.toolkit.strided import SUPPORTED_DTYPES, strided_copy
+from flaggems.toolkit.strided import SUPPORTED_DTYPES, copy_dense, strided_copy
 
 
 def _decline_reason(self: torch.Tensor, dtype: torch.dtype | None, layout: torch.layout | None,
@@ -23,7 +23,7 @@ def _decline_reason(self: torch.Tensor, dtype: torch.dtype | None, layout: torch
         return f"device change {self.device} -> {device}"
     if pin_memory:
         return "pin_memory"
-    if self.layout != torch.strided or (layout is not None and layout != torch.strided):
+    if layout is not None and layout != torch.strided:
         return "non-strided layout"
     target = self.dtype if dtype is None else dtype
     if self.dtype not in SUPPORTED_DTYPES or target not in SUPPORTED_DTYPES:
@@ -41,6 +41,10 @@ def to_copy(self: torch.Tensor, *, dtype: torch.dtype | None = None, layout: tor
     if reason is not None:
         raise Decline(reason)
     out = torch.empty_like(self, dtype=dtype, memory_format=memory_format or torch.preserve_format)
-    if out.numel():
-        strided_copy(out, self)
+    numel = out.numel()
+    if numel:
+        if self.is_contiguous() and out.is_contiguous():
+            copy_dense(out, self, numel)  # same shape, fresh output: nothing to check
+        else:
+            strided_copy(out, self)
     return out

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from .. import Case, register_cases
+from .. import DEVICE_ASSERT, Case, register_cases
 from .._inputs import ALL_COPY_DTYPES, short_name, values
 
 
@@ -58,10 +58,10 @@ def _errors():
     f32 = torch.float32
     yield Case("error-index-out-of-range",
                lambda d: ((values((2, 3), f32, d), 1, torch.tensor([0, 3], device=d), values((2, 2), f32, d)), {}),
-               raises=IndexError, match="index 3 is out of bounds for dimension 1 with size 3")
+               raises=IndexError, match="index 3 is out of bounds for dimension 1 with size 3", tags=(DEVICE_ASSERT,))
     yield Case("error-negative-index",
                lambda d: ((values((2, 3), f32, d), 1, torch.tensor([-1, 0], device=d), values((2, 2), f32, d)), {}),
-               raises=IndexError, match="out of bounds")
+               raises=IndexError, match="out of bounds", tags=(DEVICE_ASSERT,))
     yield Case("error-int32-index",
                lambda d: ((values((2, 3), f32, d), 1, torch.tensor([0, 1], device=d, dtype=torch.int32),
                            values((2, 2), f32, d)), {}),

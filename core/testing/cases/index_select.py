@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import torch
 
-from .. import Case, register_cases
+from .. import DEVICE_ASSERT, Case, register_cases
 from .._inputs import ALL_COPY_DTYPES, short_name, values
 
 
-def _select(name, make_self, dim, index, index_dtype=torch.int64, **kw):
+def _select(name, make_self, dim, index, index_dtype=torch.int64, **kw):  # kw: Case fields
     return Case(name, lambda d: ((make_self(d), dim, torch.tensor(index, device=d, dtype=index_dtype)), {}), **kw)
 
 
@@ -29,7 +29,7 @@ def _cases():
     yield _select("empty-index", lambda d: values((4, 6), f32, d), 1, [])
     yield _select("empty-input", lambda d: values((0, 6), f32, d), 1, [1, 2])
     yield _select("error-out-of-range", lambda d: values((2, 3), f32, d), 1, [0, 3], raises=RuntimeError,
-                  match="out of")
+                  match="out of", tags=(DEVICE_ASSERT,))
     yield _select("error-index-2d", lambda d: values((2, 3), f32, d), 1, [[0, 1]], raises=IndexError,
                   match="Index is supposed to be a vector")
     yield _select("error-float-index", lambda d: values((2, 3), f32, d), 1, [0.0], index_dtype=torch.float32,

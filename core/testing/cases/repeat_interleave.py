@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from .. import Case, register_cases
+from .. import DEVICE_ASSERT, Case, register_cases
 from .._inputs import values
 
 
@@ -29,7 +29,7 @@ def _tensor_cases():
     yield Case("error-negative", lambda d: ((_repeats([1, -2], d),), {}), raises=RuntimeError,
                match="repeats can not be negative")
     yield Case("error-wrong-output-size", lambda d: ((_repeats([1, 2], d),), {"output_size": 4}),
-               raises=RuntimeError, match="allocated size does not match required size")
+               raises=RuntimeError, match="allocated size does not match required size", tags=(DEVICE_ASSERT,))
     yield Case("error-2d-repeats", lambda d: ((_repeats([[1, 2]], d),), {}), raises=RuntimeError,
                match="1D vector")
     # torch's CPU kernel raises NotImplementedError for float repeats, its CUDA kernel RuntimeError.
@@ -55,7 +55,7 @@ def _self_tensor_cases():
                raises=RuntimeError, match="negative")
     yield Case("error-wrong-output-size", lambda d: ((torch.arange(2, device=d), _repeats([1, 2], d)),
                                                      {"output_size": 5}),
-               raises=RuntimeError, match="allocated size does not match required size")
+               raises=RuntimeError, match="allocated size does not match required size", tags=(DEVICE_ASSERT,))
 
 
 def _self_int_cases():

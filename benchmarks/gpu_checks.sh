@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# One device call (the `device` tool): install flaggems on the GPU machine's own
+# torch, run the test suite on the GPU, measure the hot path and run the benchmark.
+#   bash benchmarks/gpu_checks.sh [pytest selection...]
+# Writes logs and JSON under $OUT (or ./gpu-out). stevedore comes from .whl/.
+set -uo pipefail
+out=${OUT:-gpu-out}; mkdir -p "$out"
+export PYTHONUNBUFFERED=1
+if ls .whl/*.whl >/dev/null 2>&1; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site
+fi
+python3 -m pip install -q --no-deps --no-build-isolation -e . -e flaggems_ascend -e flaggems_kunlunxin -e flaggems_hygon \
+  >"$out/install.log" 2>&1 || { tail -20 "$out/install.log"; exit 1; }
+nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
+python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"
+python3 -m flaggems info
+echo "== pytest"
+FLAGGEMS_CHECK_INDICES=1 timeout 330 python3 -m pytest -q -p no:cacheprovider --maxfail=25 \
+  --ignore=tests/test_packaging.py "${@:-tests}" >"$out/pytest.log" 2>&1
+echo "pytest exit $?"; grep -E "^(FAILED|ERROR)|passed|failed" "$out/pytest.log" | tail -30
+echo "== hot path"
+timeout 120 python3 benchmarks/hot_path.py --json "$out/hot_path.json"
+echo "== bench"
+timeout 300 python3 -m flaggems bench --json "$out/bench.json" --plot "$out/bench.png" >"$out/bench.log" 2>&1
+echo "bench exit $?"; tail -80 "$out/bench.log"
