@@ -18,6 +18,7 @@ import subprocess
 import sys
 import time
 import warnings
+from collections.abc import Callable
 
 
 def per_call_us(fn, calls: int, repeats: int = 7) -> float:
@@ -44,7 +45,8 @@ def import_time_s() -> float:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--calls", type=int, default=100_000)
+    parser.add_argument("--calls", type=int, default=30_000)
+    parser.add_argument("--rounds", type=int, default=9)
     parser.add_argument("--device", default=None, help="cuda or cpu (default: cuda if available)")
     parser.add_argument("--json", default=None)
     args = parser.parse_args()
@@ -67,14 +69,6 @@ def main() -> None:
 
     results = {"device": torch.cuda.get_device_name() if device == "cuda" else "cpu",
                "torch": torch.__version__, "calls": args.calls}
-    results["native_us"] = per_call_us(lambda: torch.neg(x), args.calls)
-
-    lib = torch.library.Library("aten", "IMPL")
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        lib.impl("neg", trivial_neg, key)
-    results["direct_library_us"] = per_call_us(lambda: torch.neg(x), args.calls)
-    lib._destroy()
 
     class Trivial:
         @hookimpl
@@ -86,13 +80,39 @@ def main() -> None:
         def flaggems_operators(self):
             return [OpImpl("neg", trivial_neg, supports=lambda t: True)]
 
-    for label, plugin in (("flaggems_us", Trivial()), ("flaggems_supports_us", TrivialWithSupports())):
-        RUNTIME.manager.register(plugin, "hot-path")
-        with flaggems.enabled(include=["neg"]):
-            results[label] = per_call_us(lambda: torch.neg(x), args.calls)
-        RUNTIME.manager.unregister("hot-path")
+    def direct() -> float:
+        lib = torch.library.Library("aten", "IMPL")
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            lib.impl("neg", trivial_neg, key)
+        try:
+            return per_call_us(lambda: torch.neg(x), args.calls, repeats=1)
+        finally:
+            lib._destroy()
+
+    def routed(plugin) -> Callable[[], float]:
+        def measure() -> float:
+            RUNTIME.manager.register(plugin, "hot-path")
+            try:
+                with flaggems.enabled(include=["neg"]):
+                    return per_call_us(lambda: torch.neg(x), args.calls, repeats=1)
+            finally:
+                RUNTIME.manager.unregister("hot-path")
+        return measure
+
+    # The host's speed drifts (up to 1.8x between H200 machines, and within a
+    # run): the four sides are measured in interleaved rounds, medians compared.
+    sides = {"native_us": lambda: per_call_us(lambda: torch.neg(x), args.calls, repeats=1),
+             "direct_library_us": direct, "flaggems_us": routed(Trivial()),
+             "flaggems_supports_us": routed(TrivialWithSupports())}
+    samples: dict[str, list[float]] = {name: [] for name in sides}
+    for _ in range(args.rounds):
+        for name, measure in sides.items():
+            samples[name].append(measure())
+    results.update({name: statistics.median(values) for name, values in samples.items()})
     results["overhead_us"] = results["flaggems_us"] - results["direct_library_us"]
     results["overhead_supports_us"] = results["flaggems_supports_us"] - results["direct_library_us"]
+    results["rounds"] = args.rounds
     results["import_flaggems_s"] = import_time_s()
 
     width = max(map(len, results))

@@ -83,11 +83,16 @@ COMMANDS: dict[str, tuple[Callable[[argparse.Namespace], int], str]] = {
 }
 
 
+#: Commands defined here; optional modules add theirs to COMMANDS (see _add_extra_commands).
+BUILTIN = tuple(COMMANDS)
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of the ``flaggems`` command."""
     parser = argparse.ArgumentParser(prog="flaggems", description="Triton operators for PyTorch, with vendor plugins")
     sub = parser.add_subparsers(dest="command", required=True)
-    for name, (_, help_text) in COMMANDS.items():
+    for name in BUILTIN:
+        help_text = COMMANDS[name][1]
         cmd = sub.add_parser(name, help=help_text)
         if name in ("info", "routes"):
             cmd.add_argument("--json", action="store_true", help="machine-readable output")

@@ -50,12 +50,8 @@ Handler = Callable[[argparse.Namespace], int]
 
 
 def register_cli(sub: Any, commands: dict[str, tuple[Handler, str]]) -> None:
-    """Add the ``bench`` subcommand to the ``flaggems`` parser and its handler to ``commands``.
-
-    ``flaggems.cli`` builds a subparser for every name already in ``commands``,
-    so on a second ``build_parser()`` a bare ``bench`` parser exists: reuse it.
-    """
-    parser = sub.choices.get("bench") or sub.add_parser("bench", help=HELP)
+    """Add the ``bench`` subcommand to the ``flaggems`` parser and its handler to ``commands``."""
+    parser = sub.add_parser("bench", help=HELP)
     parser.description = "Time torch native vs flaggems (and forced routes) on the seed workloads."
     parser.epilog = EXAMPLES
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
