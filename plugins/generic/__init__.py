@@ -25,6 +25,10 @@ OPERATORS: tuple[OpImpl, ...] = (
            dtypes=_COPY_DTYPES),
     OpImpl("repeat_interleave.self_int", f"{__name__}.repeat_interleave:repeat_interleave_self_int",
            dtypes=_COPY_DTYPES),
+    OpImpl("native_group_norm", f"{__name__}.group_norm:native_group_norm", dtypes=_FLOATS),
+    OpImpl("native_group_norm_backward", f"{__name__}.group_norm:native_group_norm_backward", dtypes=_FLOATS),
+    OpImpl("unfold", f"{__name__}.unfold:unfold", supports=f"{__name__}.unfold:supports", dtypes=_COPY_DTYPES),
+    OpImpl("unfold_backward", f"{__name__}.unfold:unfold_backward", dtypes=_FLOATS),
 )
 
 

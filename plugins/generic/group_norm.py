@@ -1,0 +1,753 @@
+"""``aten::native_group_norm`` and ``aten::native_group_norm_backward``.
+
+Every tensor is viewed as ``[N, C, S]`` (``S = HxW``) through its real strides:
+contiguous, ``channels_last``/``channels_last_3d``, sliced and expanded inputs
+are read in place (spatial dimensions are collapsed jointly for all operands;
+two spatial dimensions that do not merge are unravelled in the kernel, more
+than two are copied first). Any ``C % groups == 0`` works: a group is a range
+of channels, never a power-of-two tile.
+
+Forward, three launches, all deterministic (fixed reduction order, no atomics):
+
+1. ``_stats_kernel``, grid ``N x channel blocks x K spatial chunks``: per
+   channel and chunk, Welford mean and M2 in fp32 (fp64 for fp64 inputs) over
+   ``[BLOCK_C, BLOCK_S]`` tiles, lanes merged once at the end. ``K`` is chosen
+   so that the grid fills the device however few groups there are (a group of
+   262144 elements is split over several programs).
+2. ``_finalize_kernel``, a few groups per program: the ``D x K`` partials of a group
+   (``D = C / G``) merged in a fixed order (Chan's formula) into mean and
+   ``rstd``, written in torch's dtype and kept in fp32 for step 3.
+3. ``_normalize_kernel``, grid ``N x channel blocks x spatial blocks``:
+   ``y = x * a + b`` with ``a = rstd * w``, ``b = bias - mean * a`` per channel.
+
+Backward, three launches: ``_bwd_reduce_kernel`` (per channel and chunk,
+``sum(dy * (x - mean))`` and ``sum(dy)``), ``_bwd_finalize_kernel`` (the first
+programs merge groups into the coefficients of ``dx = r*w*dy + q*x + o``;
+the others sum ``dweight``/``dbias`` over ``N`` in order), ``_bwd_dx_kernel``.
+``output_mask`` drops the work of every output not asked for.
+
+Layout and dtypes follow torch's native kernels: ``y`` in the input's
+suggested memory format; ``dx`` in it on CPU and contiguous elsewhere (as
+torch); mean/rstd ``[N, G]`` in the input dtype, or fp32 when a half input
+comes with fp32 affine parameters (mixed, accepted where torch accepts it: on
+CPU). Shape errors torch's ``check_group_norm_inputs`` reports are raised with
+its messages; every other invalid call declines, so torch raises its own error.
+"""
+
+# ruff: noqa: N803 - constexpr parameters are UPPER_CASE, as in every Triton kernel
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import triton
+import triton.language as tl
+
+from flaggems import Decline
+from flaggems.toolkit import FastLauncher, collapse_dims
+from flaggems.toolkit.copy_kernels import _hint16, _index  # index type and alignment hints, shared
+
+FLOAT_DTYPES = frozenset({torch.float16, torch.bfloat16, torch.float32, torch.float64})
+HALF_DTYPES = frozenset({torch.float16, torch.bfloat16})
+
+#: Elements per ``[BLOCK_C, BLOCK_S]`` tile (every kernel that walks the input).
+TILE = 4096
+NUM_WARPS = 8
+#: Partials per tile of the finalize kernels.
+FINALIZE_TILE = 1024
+#: At most this many spatial chunks per channel (bounds the workspace and step 2).
+MAX_CHUNKS = 128
+#: Programs wanted per streaming multiprocessor when splitting groups.
+PROGRAMS_PER_SM = 4
+#: Grid target where no SM count is known (interpreter: small grids, split paths still used).
+DEFAULT_TARGET = {"cpu": 4}
+INT32_LIMIT = 2**31
+#: Unit-stride codes of an operand: no unit stride, spatial (contiguous-like), channel (channels_last-like).
+GENERAL, SPATIAL_UNIT, CHANNEL_UNIT = 0, 1, 2
+
+_SHAPE_ARGS = ("C", "S", "S0", "D", "G", "N", "K", "cblocks", "sblocks", "chunk_tiles", "chunk", "num_coef")
+_STRIDE_ARGS = tuple(f"{t}_{s}" for t in ("x", "y", "dy", "dx") for s in ("sn", "sc", "s0", "s1"))
+_OFFSET_ARGS = ("m2_at", "stat_at", "b_at", "q_at")
+_NO_SPECIALIZE = _SHAPE_ARGS + _STRIDE_ARGS + _OFFSET_ARGS
+
+
+# --------------------------------------------------------------------------- kernels
+@triton.jit
+def _acc(v, F64: tl.constexpr):
+    """``v`` in the accumulation type: fp64 for fp64 tensors, fp32 otherwise."""
+    return v.to(tl.float64 if F64 else tl.float32)
+
+
+@triton.jit
+def _tile_offsets(c, s, sc, s0, s1, S0, UNIT: tl.constexpr, SPATIAL2: tl.constexpr, ALIGNED: tl.constexpr):
+    """``[BLOCK_C, BLOCK_S]`` element offsets of channels ``c`` and spatial indices ``s``.
+
+    ``SPATIAL2``: two spatial dimensions (inner size ``S0``, strides ``s0``
+    inner, ``s1`` outer); ``UNIT`` skips the multiply of a unit stride so the
+    compiler sees contiguity.
+    """
+    if UNIT == 2:
+        coff = c
+    else:
+        coff = c * _hint16(sc, ALIGNED)
+    if SPATIAL2:
+        soff = (s // S0) * _hint16(s1, ALIGNED) + (s % S0) * _hint16(s0, ALIGNED)
+    elif UNIT == 1:
+        soff = s
+    else:
+        soff = s * _hint16(s0, ALIGNED)
+    return coff[:, None] + soff[None, :]
+
+
+@triton.jit
+def _offsets(n, c, s, sn, sc, s0, s1, S0, UNIT: tl.constexpr, SPATIAL2: tl.constexpr, ALIGNED: tl.constexpr,
+             INT64: tl.constexpr):
+    """Offsets of the ``[BLOCK_C, BLOCK_S]`` tile of sample ``n`` in an operand with strides ``sn, sc, s0, s1``."""
+    tile = _tile_offsets(c, s, _index(sc, INT64), _index(s0, INT64), _index(s1, INT64), S0, UNIT, SPATIAL2, ALIGNED)
+    return n * _hint16(_index(sn, INT64), ALIGNED) + tile
+
+
+@triton.jit
+def _split3(pid, inner, middle):
+    """``pid`` as ``(outer, middle index, inner index)`` for a grid flattened inner-first."""
+    return pid // inner // middle, pid // inner % middle, pid % inner
+
+
+@triton.jit
+def _elementwise_tile(C, S, D, G, cblocks, sblocks, BLOCK_C: tl.constexpr, BLOCK_S: tl.constexpr,
+                      ALIGNED: tl.constexpr, INT64: tl.constexpr):
+    """This program's tile of a grid flattened as ``(n, channel block, spatial block)``.
+
+    Returns sample ``n``, channels ``c`` and their mask, spatial indices ``s``,
+    the ``[BLOCK_C, BLOCK_S]`` mask and each channel's group ``n * G + c // D``.
+    """
+    n, cb, sb = _split3(_index(tl.program_id(0), INT64), _index(sblocks, INT64), _index(cblocks, INT64))
+    c = cb * BLOCK_C + tl.arange(0, BLOCK_C)
+    cmask = c < _hint16(_index(C, INT64), ALIGNED)
+    s = sb * BLOCK_S + tl.arange(0, BLOCK_S)
+    mask = cmask[:, None] & (s < _hint16(_index(S, INT64), ALIGNED))[None, :]
+    return n, c, cmask, s, mask, n * _index(G, INT64) + c // _index(D, INT64)
+
+
+@triton.jit(do_not_specialize=_NO_SPECIALIZE)
+def _stats_kernel(x, ws, C: tl.int64, S: tl.int64, S0: tl.int64,
+                  x_sn: tl.int64, x_sc: tl.int64, x_s0: tl.int64, x_s1: tl.int64,
+                  cblocks: tl.int64, K: tl.int64, chunk_tiles: tl.int64, m2_at: tl.int64,
+                  BLOCK_C: tl.constexpr, BLOCK_S: tl.constexpr, X_UNIT: tl.constexpr,
+                  SPATIAL2: tl.constexpr, ALIGNED: tl.constexpr, INT64: tl.constexpr,
+                  F64: tl.constexpr):
+    """Per channel of one chunk of ``S``: Welford mean and M2 into ``ws[(n*C + c)*K + k]``."""
+    n, cb, k = _split3(_index(tl.program_id(0), INT64), _index(K, INT64), _index(cblocks, INT64))
+    C, S, S0 = _hint16(_index(C, INT64), ALIGNED), _hint16(_index(S, INT64), ALIGNED), _index(S0, INT64)
+    c = cb * BLOCK_C + tl.arange(0, BLOCK_C)
+    cmask = c < C
+    mean = _acc(tl.zeros([BLOCK_C, BLOCK_S], tl.float32), F64)
+    m2 = mean
+    count = _acc(tl.zeros([BLOCK_S], tl.float32), F64)
+    s_begin = k * _index(chunk_tiles, INT64) * BLOCK_S
+    for t in range(0, chunk_tiles):
+        s = s_begin + t * BLOCK_S + tl.arange(0, BLOCK_S)
+        smask = s < S
+        offs = _offsets(n, c, s, x_sn, x_sc, x_s0, x_s1, S0, X_UNIT, SPATIAL2, ALIGNED, INT64)
+        v = _acc(tl.load(x + offs, mask=cmask[:, None] & smask[None, :], other=0.0), F64)
+        count += smask.to(count.dtype)
+        inv = 1.0 / tl.maximum(count, 1.0)
+        delta = v - mean
+        mean += tl.where(smask[None, :], delta * inv[None, :], 0.0)
+        m2 += tl.where(smask[None, :], delta * (v - mean), 0.0)
+    total = tl.maximum(tl.sum(count, axis=0), 1.0)
+    mean_c = tl.sum(mean * count[None, :], axis=1) / total
+    spread = mean - mean_c[:, None]
+    m2_c = tl.sum(m2 + spread * spread * count[None, :], axis=1)
+    at = (n * C + c) * _index(K, INT64) + k
+    tl.store(ws + at, mean_c, mask=cmask)
+    tl.store(ws + _index(m2_at, INT64) + at, m2_c, mask=cmask)
+
+
+@triton.jit
+def _chunk_count(j, K, S, chunk):
+    """Elements behind partial ``j`` (chunk ``j % K`` of a channel's ``S``)."""
+    return tl.minimum(S - (j % K) * chunk, chunk)
+
+
+@triton.jit
+def _group_rows(pid, NG, C, D, G, K, BLOCK_G: tl.constexpr):
+    """Groups ``n*G + g`` of this program, their mask and where their partials start in ``ws``."""
+    gid = pid * BLOCK_G + tl.arange(0, BLOCK_G)
+    return gid, gid < NG, (gid // G * C + gid % G * D) * K
+
+
+@triton.jit(do_not_specialize=_NO_SPECIALIZE)
+def _finalize_kernel(ws, mean_out, rstd_out, C: tl.int64, S: tl.int64, D: tl.int64, G: tl.int64,
+                     K: tl.int64, chunk: tl.int64, m2_at: tl.int64, stat_at: tl.int64, groups: tl.int64,
+                     eps: tl.float64, BLOCK_G: tl.constexpr, BLOCK_J: tl.constexpr, INT64: tl.constexpr,
+                     F64: tl.constexpr):
+    """Merge the ``D x K`` partials of ``BLOCK_G`` groups into their mean and rstd (Chan, fixed order)."""
+    C, S, D, G, K = _index(C, INT64), _index(S, INT64), _index(D, INT64), _index(G, INT64), _index(K, INT64)
+    chunk, NG = _index(chunk, INT64), _index(groups, INT64)
+    gid, gmask, base = _group_rows(_index(tl.program_id(0), INT64), NG, C, D, G, K, BLOCK_G)
+    parts = D * K
+    weighted = _acc(tl.zeros([BLOCK_G, BLOCK_J], tl.float32), F64)
+    for j0 in range(0, parts, BLOCK_J):
+        j = j0 + tl.arange(0, BLOCK_J)
+        valid = gmask[:, None] & (j < parts)[None, :]
+        mu = tl.load(ws + base[:, None] + j[None, :], mask=valid, other=0.0)
+        weighted += mu * _acc(_chunk_count(j, K, S, chunk), F64)[None, :]
+    elements = _acc(D * S, F64)
+    mean = tl.sum(weighted, axis=1) / elements
+    spread = weighted * 0
+    for j0 in range(0, parts, BLOCK_J):
+        j = j0 + tl.arange(0, BLOCK_J)
+        valid = gmask[:, None] & (j < parts)[None, :]
+        at = base[:, None] + j[None, :]
+        delta = tl.load(ws + at, mask=valid, other=0.0) - mean[:, None]
+        m2 = tl.load(ws + _index(m2_at, INT64) + at, mask=valid, other=0.0)
+        spread += tl.where(valid, m2 + delta * delta * _acc(_chunk_count(j, K, S, chunk), F64)[None, :], 0.0)
+    var = tl.sum(spread, axis=1) / elements
+    # ``var * 0 + eps``: a tensor both compiled (fp64 scalar) and interpreted (Python float).
+    var += (var * 0 + eps).to(var.dtype)
+    if F64:
+        rstd = 1.0 / tl.sqrt(var)  # IEEE for fp64
+    else:
+        rstd = 1.0 / tl.sqrt_rn(var)
+    tl.store(mean_out + gid, mean.to(mean_out.dtype.element_ty), mask=gmask)
+    tl.store(rstd_out + gid, rstd.to(rstd_out.dtype.element_ty), mask=gmask)
+    tl.store(ws + _index(stat_at, INT64) + gid, mean, mask=gmask)
+    tl.store(ws + _index(stat_at, INT64) + NG + gid, rstd, mask=gmask)
+
+
+@triton.jit(do_not_specialize=_NO_SPECIALIZE)
+def _normalize_kernel(x, y, w, b, ws, C: tl.int64, S: tl.int64, S0: tl.int64, D: tl.int64, G: tl.int64,
+                      x_sn: tl.int64, x_sc: tl.int64, x_s0: tl.int64, x_s1: tl.int64,
+                      y_sn: tl.int64, y_sc: tl.int64, y_s0: tl.int64, y_s1: tl.int64,
+                      cblocks: tl.int64, sblocks: tl.int64, stat_at: tl.int64, groups: tl.int64,
+                      BLOCK_C: tl.constexpr, BLOCK_S: tl.constexpr, X_UNIT: tl.constexpr, Y_UNIT: tl.constexpr,
+                      SPATIAL2: tl.constexpr, ALIGNED: tl.constexpr, HAS_W: tl.constexpr, HAS_B: tl.constexpr,
+                      INT64: tl.constexpr, F64: tl.constexpr):
+    """``y = x * (rstd * w) + (b - mean * rstd * w)`` on one ``[BLOCK_C, BLOCK_S]`` tile."""
+    n, c, cmask, s, mask, group = _elementwise_tile(C, S, D, G, cblocks, sblocks, BLOCK_C, BLOCK_S, ALIGNED, INT64)
+    S0 = _index(S0, INT64)
+    group += _index(stat_at, INT64)
+    mean = tl.load(ws + group, mask=cmask, other=0.0)
+    scale = tl.load(ws + _index(groups, INT64) + group, mask=cmask, other=0.0)
+    if HAS_W:
+        scale *= _acc(tl.load(w + c, mask=cmask, other=0.0), F64)
+    shift = -mean * scale
+    if HAS_B:
+        shift += _acc(tl.load(b + c, mask=cmask, other=0.0), F64)
+    x_offs = _offsets(n, c, s, x_sn, x_sc, x_s0, x_s1, S0, X_UNIT, SPATIAL2, ALIGNED, INT64)
+    v = _acc(tl.load(x + x_offs, mask=mask, other=0.0), F64)
+    out = v * scale[:, None] + shift[:, None]
+    y_offs = _offsets(n, c, s, y_sn, y_sc, y_s0, y_s1, S0, Y_UNIT, SPATIAL2, ALIGNED, INT64)
+    tl.store(y + y_offs, out.to(y.dtype.element_ty), mask=mask)
+
+
+@triton.jit(do_not_specialize=_NO_SPECIALIZE)
+def _bwd_reduce_kernel(dy, x, mean, ws, C: tl.int64, S: tl.int64, S0: tl.int64, D: tl.int64, G: tl.int64,
+                       dy_sn: tl.int64, dy_sc: tl.int64, dy_s0: tl.int64, dy_s1: tl.int64,
+                       x_sn: tl.int64, x_sc: tl.int64, x_s0: tl.int64, x_s1: tl.int64,
+                       cblocks: tl.int64, K: tl.int64, chunk_tiles: tl.int64, b_at: tl.int64,
+                       BLOCK_C: tl.constexpr, BLOCK_S: tl.constexpr, DY_UNIT: tl.constexpr, X_UNIT: tl.constexpr,
+                       SPATIAL2: tl.constexpr, ALIGNED: tl.constexpr, INT64: tl.constexpr,
+                  F64: tl.constexpr):
+    """Per channel of one chunk: ``sum(dy * (x - mean))`` and ``sum(dy)`` into ``ws``."""
+    n, cb, k = _split3(_index(tl.program_id(0), INT64), _index(K, INT64), _index(cblocks, INT64))
+    C, S, S0 = _hint16(_index(C, INT64), ALIGNED), _hint16(_index(S, INT64), ALIGNED), _index(S0, INT64)
+    D, G = _index(D, INT64), _index(G, INT64)
+    c = cb * BLOCK_C + tl.arange(0, BLOCK_C)
+    cmask = c < C
+    mu = _acc(tl.load(mean + n * G + c // D, mask=cmask, other=0.0), F64)
+    centred = _acc(tl.zeros([BLOCK_C, BLOCK_S], tl.float32), F64)
+    plain = centred
+    s_begin = k * _index(chunk_tiles, INT64) * BLOCK_S
+    for t in range(0, chunk_tiles):
+        s = s_begin + t * BLOCK_S + tl.arange(0, BLOCK_S)
+        mask = cmask[:, None] & (s < S)[None, :]
+        dy_offs = _offsets(n, c, s, dy_sn, dy_sc, dy_s0, dy_s1, S0, DY_UNIT, SPATIAL2, ALIGNED, INT64)
+        x_offs = _offsets(n, c, s, x_sn, x_sc, x_s0, x_s1, S0, X_UNIT, SPATIAL2, ALIGNED, INT64)
+        g = _acc(tl.load(dy + dy_offs, mask=mask, other=0.0), F64)
+        v = _acc(tl.load(x + x_offs, mask=mask, other=0.0), F64)
+        centred += tl.where(mask, g * (v - mu[:, None]), 0.0)
+        plain += g
+    at = (n * C + c) * _index(K, INT64) + k
+    tl.store(ws + at, tl.sum(centred, axis=1), mask=cmask)
+    tl.store(ws + _index(b_at, INT64) + at, tl.sum(plain, axis=1), mask=cmask)
+
+
+@triton.jit(do_not_specialize=_NO_SPECIALIZE)
+def _bwd_finalize_kernel(ws, w, mean, rstd, dw, db, C: tl.int64, S: tl.int64, D: tl.int64, G: tl.int64,
+                         N: tl.int64, K: tl.int64, b_at: tl.int64, q_at: tl.int64, groups: tl.int64,
+                         num_coef: tl.int64, BLOCK_G: tl.constexpr, BLOCK_J: tl.constexpr,
+                         BLOCK_CF: tl.constexpr, BLOCK_K: tl.constexpr, HAS_W: tl.constexpr, HAS_DW: tl.constexpr,
+                         HAS_DB: tl.constexpr, INT64: tl.constexpr, F64: tl.constexpr):
+    """Programs ``< num_coef``: ``q, o`` of ``BLOCK_G`` groups; the others: ``dw, db`` of a channel block."""
+    pid = _index(tl.program_id(0), INT64)
+    C, S, D, G, K = _index(C, INT64), _index(S, INT64), _index(D, INT64), _index(G, INT64), _index(K, INT64)
+    num_coef, NG = _index(num_coef, INT64), _index(groups, INT64)
+    if pid < num_coef:
+        gid, gmask, base = _group_rows(pid, NG, C, D, G, K, BLOCK_G)
+        parts = D * K
+        centred = _acc(tl.zeros([BLOCK_G, BLOCK_J], tl.float32), F64)
+        plain = centred
+        for j0 in range(0, parts, BLOCK_J):
+            j = j0 + tl.arange(0, BLOCK_J)
+            valid = gmask[:, None] & (j < parts)[None, :]
+            at = base[:, None] + j[None, :]
+            a = tl.load(ws + at, mask=valid, other=0.0)
+            s = tl.load(ws + _index(b_at, INT64) + at, mask=valid, other=0.0)
+            if HAS_W:
+                channel = (gid % G * D)[:, None] + (j // K)[None, :]
+                weight = _acc(tl.load(w + channel, mask=valid, other=0.0), F64)
+                a *= weight
+                s *= weight
+            centred += a
+            plain += s
+        r = _acc(tl.load(rstd + gid, mask=gmask, other=0.0), F64)
+        mu = _acc(tl.load(mean + gid, mask=gmask, other=0.0), F64)
+        elements = _acc(D * S, F64)
+        q = -r * r * r * tl.sum(centred, axis=1) / elements
+        o = -r * tl.sum(plain, axis=1) / elements - mu * q
+        tl.store(ws + _index(q_at, INT64) + gid, q, mask=gmask)
+        tl.store(ws + _index(q_at, INT64) + NG + gid, o, mask=gmask)
+    else:
+        c = (pid - num_coef) * BLOCK_CF + tl.arange(0, BLOCK_CF)
+        cmask = c < C
+        kk = tl.arange(0, BLOCK_K)
+        mask = cmask[:, None] & (kk < K)[None, :]
+        dw_acc = _acc(tl.zeros([BLOCK_CF], tl.float32), F64)
+        db_acc = dw_acc
+        for n in range(0, N):
+            at = (n * C + c)[:, None] * K + kk[None, :]
+            if HAS_DW:
+                r = _acc(tl.load(rstd + n * G + c // D, mask=cmask, other=0.0), F64)
+                dw_acc += tl.sum(tl.load(ws + at, mask=mask, other=0.0), axis=1) * r
+            if HAS_DB:
+                db_acc += tl.sum(tl.load(ws + _index(b_at, INT64) + at, mask=mask, other=0.0), axis=1)
+        if HAS_DW:
+            tl.store(dw + c, dw_acc.to(dw.dtype.element_ty), mask=cmask)
+        if HAS_DB:
+            tl.store(db + c, db_acc.to(db.dtype.element_ty), mask=cmask)
+
+
+@triton.jit(do_not_specialize=_NO_SPECIALIZE)
+def _bwd_dx_kernel(dy, x, dx, w, rstd, ws, C: tl.int64, S: tl.int64, S0: tl.int64, D: tl.int64, G: tl.int64,
+                   dy_sn: tl.int64, dy_sc: tl.int64, dy_s0: tl.int64, dy_s1: tl.int64,
+                   x_sn: tl.int64, x_sc: tl.int64, x_s0: tl.int64, x_s1: tl.int64,
+                   dx_sn: tl.int64, dx_sc: tl.int64, dx_s0: tl.int64, dx_s1: tl.int64,
+                   cblocks: tl.int64, sblocks: tl.int64, q_at: tl.int64, groups: tl.int64,
+                   BLOCK_C: tl.constexpr, BLOCK_S: tl.constexpr, DY_UNIT: tl.constexpr, X_UNIT: tl.constexpr,
+                   DX_UNIT: tl.constexpr, SPATIAL2: tl.constexpr, ALIGNED: tl.constexpr, HAS_W: tl.constexpr,
+                   INT64: tl.constexpr, F64: tl.constexpr):
+    """``dx = rstd * w * dy + q * x + o`` on one ``[BLOCK_C, BLOCK_S]`` tile."""
+    n, c, cmask, s, mask, group = _elementwise_tile(C, S, D, G, cblocks, sblocks, BLOCK_C, BLOCK_S, ALIGNED, INT64)
+    S0 = _index(S0, INT64)
+    p = _acc(tl.load(rstd + group, mask=cmask, other=0.0), F64)
+    if HAS_W:
+        p *= _acc(tl.load(w + c, mask=cmask, other=0.0), F64)
+    q = tl.load(ws + _index(q_at, INT64) + group, mask=cmask, other=0.0)
+    o = tl.load(ws + _index(q_at, INT64) + _index(groups, INT64) + group, mask=cmask, other=0.0)
+    dy_offs = _offsets(n, c, s, dy_sn, dy_sc, dy_s0, dy_s1, S0, DY_UNIT, SPATIAL2, ALIGNED, INT64)
+    x_offs = _offsets(n, c, s, x_sn, x_sc, x_s0, x_s1, S0, X_UNIT, SPATIAL2, ALIGNED, INT64)
+    g = _acc(tl.load(dy + dy_offs, mask=mask, other=0.0), F64)
+    v = _acc(tl.load(x + x_offs, mask=mask, other=0.0), F64)
+    out = p[:, None] * g + q[:, None] * v + o[:, None]
+    dx_offs = _offsets(n, c, s, dx_sn, dx_sc, dx_s0, dx_s1, S0, DX_UNIT, SPATIAL2, ALIGNED, INT64)
+    tl.store(dx + dx_offs, out.to(dx.dtype.element_ty), mask=mask)
+
+
+# --------------------------------------------------------------------------- host: layout
+@dataclass(frozen=True)
+class Layout:
+    """Operands viewed as ``[N, C, S]``: shared spatial split, per-operand strides and unit codes."""
+
+    S0: int
+    spatial2: bool
+    strides: tuple[tuple[int, int, int, int], ...]  # per operand: (sn, sc, s0, s1)
+    units: tuple[int, ...]
+    channel_inner: bool
+    int64: bool
+    aligned: bool
+
+
+def _ncs_view(t: torch.Tensor, N: int, C: int, HxW: int) -> tuple[int, int, tuple[int, ...], tuple[int, ...]] | None:
+    """``(sn, sc, spatial sizes, spatial strides)`` of ``t`` read as ``[N, C, HxW]``; ``None`` if unreadable."""
+    if t.dim() >= 2 and t.shape[0] == N and t.shape[1] == C:
+        return t.stride(0), t.stride(1), tuple(t.shape[2:]), tuple(t.stride()[2:])
+    if t.is_contiguous():  # torch reads any contiguous tensor of N*C*HxW elements so
+        return C * HxW, HxW, (HxW,), (1,)
+    return None
+
+
+def _reach(N: int, C: int, HxW: int, view: tuple) -> int:
+    sn, sc, sizes, strides = view
+    return (N - 1) * abs(sn) + (C - 1) * abs(sc) + sum((n - 1) * abs(s) for n, s in zip(sizes, strides))
+
+
+def plan_layout(tensors: tuple[torch.Tensor, ...], N: int, C: int, HxW: int) -> Layout | None:
+    """Joint ``[N, C, S]`` layout of ``tensors`` (first one decides the tile orientation).
+
+    ``None`` when a tensor cannot be read in place (the caller copies it).
+    """
+    views = [_ncs_view(t, N, C, HxW) for t in tensors]
+    if any(v is None for v in views) or len({v[2] for v in views}) != 1:
+        return None
+    sizes, spatial = collapse_dims(views[0][2], *(v[3] for v in views))
+    if len(sizes) > 2:
+        return None
+    S0 = sizes[-1] if sizes else 1
+    spatial2 = len(sizes) == 2
+    strides = tuple((v[0], v[1], sp[-1] if sp else 0, sp[0] if spatial2 else 0) for v, sp in zip(views, spatial))
+    x_sc, x_s0 = strides[0][1], strides[0][2]
+    channel_inner = x_sc == 1 and (HxW == 1 or x_s0 != 1 or spatial2)
+    units = tuple(_unit(sc, s0, spatial2, channel_inner, HxW) for _, sc, s0, _ in strides)
+    reach = max(_reach(N, C, HxW, v) for v in views)
+    hinted = [C, HxW]  # every value the kernels pass through ``_aligned``
+    for (sn, sc, s0, s1), unit in zip(strides, units):
+        hinted += [sn, *([] if unit == CHANNEL_UNIT else [sc]), *([s0, s1] if spatial2 else
+                                                                ([] if unit == SPATIAL_UNIT else [s0]))]
+    aligned = all(v % 16 == 0 for v in hinted)
+    return Layout(S0, spatial2, strides, units, channel_inner, reach + TILE >= INT32_LIMIT, aligned)
+
+
+def _unit(sc: int, s0: int, spatial2: bool, channel_inner: bool, HxW: int) -> int:
+    if sc == 1 and (channel_inner or HxW == 1):
+        return CHANNEL_UNIT
+    if s0 == 1 and not spatial2:
+        return SPATIAL_UNIT
+    return CHANNEL_UNIT if sc == 1 else GENERAL
+
+
+def _pow2(n: int) -> int:
+    return 1 << max(n - 1, 0).bit_length()
+
+
+@dataclass(frozen=True)
+class Tiling:
+    """Tile shape and the split of each channel's ``S`` into ``K`` chunks."""
+
+    block_c: int
+    block_s: int
+    cblocks: int
+    sblocks: int
+    K: int
+    chunk_tiles: int
+
+
+@functools.lru_cache(maxsize=64)
+def _target_programs(device_type: str, index: int) -> int:
+    if device_type == "cuda":
+        return PROGRAMS_PER_SM * torch.cuda.get_device_properties(index).multi_processor_count
+    return DEFAULT_TARGET.get(device_type, 512)
+
+
+def plan_tiling(N: int, C: int, HxW: int, channel_inner: bool, device: torch.device) -> Tiling:
+    """Tile orientation from the input's unit stride; enough chunks to fill the device."""
+    if channel_inner:
+        block_c = min(_pow2(C), TILE)
+        block_s = min(max(TILE // block_c, 1), _pow2(HxW))
+    else:
+        block_s = min(_pow2(HxW), TILE)
+        block_c = min(max(TILE // block_s, 1), _pow2(C))
+    cblocks, sblocks = triton.cdiv(C, block_c), triton.cdiv(HxW, block_s)
+    wanted = triton.cdiv(_target_programs(device.type, device.index or 0), N * cblocks)
+    K = max(1, min(wanted, sblocks, MAX_CHUNKS))
+    chunk_tiles = triton.cdiv(sblocks, K)
+    return Tiling(block_c, block_s, cblocks, sblocks, triton.cdiv(sblocks, chunk_tiles), chunk_tiles)
+
+
+def _group_blocks(groups: int, parts: int) -> tuple[int, int]:
+    """``(BLOCK_G, BLOCK_J)`` of the finalize kernels: several small groups per program."""
+    block_j = min(_pow2(parts), FINALIZE_TILE)
+    return max(min(_pow2(groups), FINALIZE_TILE // block_j), 1), block_j
+
+
+@functools.cache
+def _launcher(kernel: Any, **constexprs: Any) -> FastLauncher:
+    return FastLauncher(kernel, constexprs, num_warps=NUM_WARPS)
+
+
+def suggest_memory_format(t: torch.Tensor) -> torch.memory_format:
+    """torch's ``Tensor::suggest_memory_format()`` (cheap for the unambiguous cases)."""
+    if t.dim() not in (4, 5):
+        return torch.contiguous_format
+    last = torch.channels_last if t.dim() == 4 else torch.channels_last_3d
+    dense, channels_last = t.is_contiguous(), t.is_contiguous(memory_format=last)
+    if dense != channels_last:
+        return torch.contiguous_format if dense else last
+    from torch._prims_common import suggest_memory_format as reference
+
+    return reference(t)
+
+
+# --------------------------------------------------------------------------- host: checks
+def _sizes(t: torch.Tensor | None) -> list[int]:
+    return [0] if t is None else list(t.shape)
+
+
+def check_group_norm_inputs(x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None, C: int,
+                            group: int) -> None:
+    """torch's ``check_group_norm_inputs``: same checks, order and messages."""
+    if group <= 0:
+        raise RuntimeError(f"Expected num groups to be greater than 0, got {group}")
+    if C % group != 0:
+        raise RuntimeError("Expected number of channels in input to be divisible by num_groups, but got input "
+                           f"of shape {_sizes(x)} and num_groups={group}")
+    if weight is not None and (weight.dim() != 1 or weight.numel() != C):
+        raise RuntimeError("Expected weight to be a vector of size equal to the number of channels in input, "
+                           f"but got weight of shape {_sizes(weight)} and input of shape {_sizes(x)}")
+    if bias is not None and (bias.dim() != 1 or bias.numel() != C):
+        # torch prints the weight's shape here (an undefined weight prints [0]).
+        raise RuntimeError("Expected bias to be a vector of size equal to the number of channels in input, "
+                           f"but got bias of shape {_sizes(weight)} and input of shape {_sizes(x)}")
+
+
+def _param_dtype(x: torch.Tensor, params: tuple[torch.Tensor | None, ...]) -> torch.dtype | None:
+    """dtype of mean/rstd as torch picks it, or ``None`` for a combination torch rejects."""
+    defined = [p for p in params if p is not None]
+    if all(p.dtype == x.dtype for p in defined):
+        return x.dtype
+    mixed = x.dtype in HALF_DTYPES and x.device.type == "cpu"  # elsewhere torch's kernels reject mixed dtypes
+    if mixed and all(p.dtype == torch.float32 for p in defined):
+        return torch.float32
+    return None
+
+
+def _common_reason(x: torch.Tensor, N: int, C: int, HxW: int) -> str | None:
+    if x.dtype not in FLOAT_DTYPES:
+        return f"dtype {x.dtype}"
+    if x.layout != torch.strided or x.is_neg() or x.is_conj():
+        return "non-strided layout or view bit"
+    if x.numel() != N * C * HxW:
+        return "X.numel() != N * C * HxW (torch raises)"
+    if x.numel() == 0:
+        return "empty input"
+    return None
+
+
+def _forward_reason(x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None, N: int, C: int,
+                    HxW: int) -> str | None:
+    reason = _common_reason(x, N, C, HxW)
+    if reason:
+        return reason
+    for p in (weight, bias):
+        if p is not None and p.device != x.device:
+            return "affine parameter on another device (torch raises)"
+    if _param_dtype(x, (weight, bias)) is None:
+        return "affine dtype combination torch rejects"
+    return None
+
+
+def _dense(param: torch.Tensor | None) -> torch.Tensor | None:
+    """A strided affine parameter copied (C elements; torch's CPU kernel would ignore its strides)."""
+    return param if param is None or param.is_contiguous() else param.contiguous()
+
+
+# --------------------------------------------------------------------------- forward
+@dataclass(frozen=True)
+class ForwardPlan:
+    """Everything a forward call launches, computed once per input layout."""
+
+    y_format: torch.memory_format
+    stat_dtype: torch.dtype
+    acc_dtype: torch.dtype
+    ws_size: int
+    x_contiguous: torch.memory_format | None
+    launches: tuple[tuple[FastLauncher, tuple[int, ...], tuple[int, ...]], ...]
+
+
+_FORWARD_PLANS: dict[tuple, ForwardPlan] = {}
+_PLAN_LIMIT = 1024
+
+
+def _forward_plan(x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None, N: int, C: int,
+                  HxW: int, group: int) -> ForwardPlan:
+    y_format = suggest_memory_format(x)
+    y_meta = torch.empty_like(x, device="meta", memory_format=y_format)
+    layout = plan_layout((x, y_meta), N, C, HxW)
+    x_contiguous = None
+    if layout is None:  # more than two spatial dims that do not merge: copy x first
+        x_contiguous = y_format
+        layout = plan_layout((y_meta, y_meta), N, C, HxW)
+    tiling = plan_tiling(N, C, HxW, layout.channel_inner, x.device)
+    f64 = x.dtype == torch.float64
+    K, NG, D = tiling.K, N * group, C // group
+    m2_at, stat_at = N * C * K, 2 * N * C * K
+    common = {"INT64": layout.int64, "F64": f64}
+    tile = {"BLOCK_C": tiling.block_c, "BLOCK_S": tiling.block_s, "SPATIAL2": layout.spatial2,
+            "ALIGNED": layout.aligned}
+    stats = _launcher(_stats_kernel, X_UNIT=layout.units[0], **tile, **common)
+    block_g, block_j = _group_blocks(NG, D * K)
+    finalize = _launcher(_finalize_kernel, BLOCK_G=block_g, BLOCK_J=block_j, **common)
+    normalize = _launcher(_normalize_kernel, X_UNIT=layout.units[0], Y_UNIT=layout.units[1],
+                          HAS_W=weight is not None, HAS_B=bias is not None, **tile, **common)
+    xs, ys = layout.strides
+    launches = (
+        (stats, (N * tiling.cblocks * K,), (C, HxW, layout.S0, *xs, tiling.cblocks, K, tiling.chunk_tiles, m2_at)),
+        (finalize, (triton.cdiv(NG, block_g),),
+         (C, HxW, D, group, K, tiling.chunk_tiles * tiling.block_s, m2_at, stat_at, NG)),
+        (normalize, (N * tiling.cblocks * tiling.sblocks,),
+         (C, HxW, layout.S0, D, group, *xs, *ys, tiling.cblocks, tiling.sblocks, stat_at, NG)),
+    )
+    return ForwardPlan(y_format, _param_dtype(x, (weight, bias)), torch.float64 if f64 else torch.float32,
+                       stat_at + 2 * NG, x_contiguous, launches)
+
+
+def native_group_norm(input: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None, N: int, C: int,
+                      HxW: int, group: int, eps: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``aten::native_group_norm``: ``(y, mean, rstd)`` exactly as torch returns them."""
+    check_group_norm_inputs(input, weight, bias, C, group)
+    reason = _forward_reason(input, weight, bias, N, C, HxW)
+    if reason is not None:
+        raise Decline(reason)
+    key = (input.shape, input.stride(), input.dtype, input.device, None if weight is None else weight.dtype,
+           None if bias is None else bias.dtype, N, C, HxW, group)
+    plan = _FORWARD_PLANS.get(key)
+    if plan is None:
+        if len(_FORWARD_PLANS) >= _PLAN_LIMIT:
+            _FORWARD_PLANS.clear()
+        plan = _FORWARD_PLANS[key] = _forward_plan(input, weight, bias, N, C, HxW, group)
+    x = input if plan.x_contiguous is None else input.contiguous(memory_format=plan.x_contiguous)
+    weight, bias = _dense(weight), _dense(bias)
+    y = torch.empty_like(input, memory_format=plan.y_format)
+    mean = torch.empty((N, group), dtype=plan.stat_dtype, device=input.device)
+    rstd = torch.empty((N, group), dtype=plan.stat_dtype, device=input.device)
+    ws = torch.empty(plan.ws_size, dtype=plan.acc_dtype, device=input.device)
+    (stats, grid0, args0), (finalize, grid1, args1), (normalize, grid2, args2) = plan.launches
+    stats(grid0, x, ws, *args0)
+    finalize(grid1, ws, mean, rstd, *args1, float(eps))
+    normalize(grid2, x, y, x if weight is None else weight, x if bias is None else bias, ws, *args2)
+    return y, mean, rstd
+
+
+# --------------------------------------------------------------------------- backward
+def _backward_reason(dy: torch.Tensor, x: torch.Tensor, mean: torch.Tensor, rstd: torch.Tensor,
+                     weight: torch.Tensor | None, N: int, C: int, HxW: int, group: int,
+                     mask: tuple[bool, bool, bool]) -> str | None:
+    reason = _common_reason(x, N, C, HxW)
+    if reason:
+        return reason
+    if dy.numel() != x.numel() or dy.layout != torch.strided or dy.device != x.device or dy.is_neg():
+        return "dY does not match X (torch raises)"
+    if group <= 0 or C % group != 0:
+        return f"C={C} not divisible by group={group}"
+    if weight is None and (mask[1] or mask[2]):
+        return "dweight/dbias asked without weight (torch raises)"
+    stat_dtype = _param_dtype(x, (mean, rstd))
+    if stat_dtype is None or stat_dtype != mean.dtype:
+        return "mean/rstd dtype combination torch rejects"
+    for t in (mean, rstd):
+        if t.numel() != N * group or not t.is_contiguous() or t.device != x.device:
+            return "mean/rstd not contiguous [N, group] (torch raises)"
+    if weight is not None and (weight.numel() != C or weight.dtype != stat_dtype or weight.device != x.device):
+        return "weight size or dtype torch rejects"
+    return None
+
+
+@dataclass(frozen=True)
+class BackwardPlan:
+    """Everything a backward call launches, computed once per layout and mask."""
+
+    dx_like_x: bool
+    dx_format: torch.memory_format
+    acc_dtype: torch.dtype
+    ws_size: int
+    copy_format: torch.memory_format | None
+    reduce: tuple[FastLauncher, tuple[int, ...], tuple[int, ...]]
+    finalize: tuple[FastLauncher, tuple[int, ...], tuple[int, ...]]
+    dx: tuple[FastLauncher, tuple[int, ...], tuple[int, ...]] | None
+
+
+_BACKWARD_PLANS: dict[tuple, BackwardPlan] = {}
+
+
+def _dx_format(x: torch.Tensor) -> tuple[bool, torch.memory_format]:
+    """torch allocates ``dx`` like ``X.contiguous(fmt)``: X's own strides when it already is."""
+    fmt = suggest_memory_format(x) if x.device.type == "cpu" else torch.contiguous_format
+    return x.is_contiguous(memory_format=fmt), fmt
+
+
+def _backward_plan(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor | None, N: int, C: int, HxW: int,
+                   group: int, mask: tuple[bool, bool, bool]) -> BackwardPlan:
+    dx_like_x, dx_format = _dx_format(x)
+    dx_meta = torch.empty_like(x, device="meta") if dx_like_x else torch.empty_like(x, device="meta",
+                                                                                      memory_format=dx_format)
+    layout = plan_layout((x, dy, dx_meta), N, C, HxW)
+    copy_format = None
+    if layout is None:
+        copy_format = suggest_memory_format(x)
+        dense = torch.empty_like(x, device="meta", memory_format=copy_format)
+        layout = plan_layout((dense, dense, dx_meta), N, C, HxW)
+    tiling = plan_tiling(N, C, HxW, layout.channel_inner, x.device)
+    f64 = x.dtype == torch.float64
+    K, NG, D = tiling.K, N * group, C // group
+    b_at, q_at = N * C * K, 2 * N * C * K
+    common = {"INT64": layout.int64, "F64": f64}
+    tile = {"BLOCK_C": tiling.block_c, "BLOCK_S": tiling.block_s, "SPATIAL2": layout.spatial2,
+            "ALIGNED": layout.aligned}
+    xs, dys, dxs = layout.strides
+    x_unit, dy_unit, dx_unit = layout.units
+    reduce = _launcher(_bwd_reduce_kernel, DY_UNIT=dy_unit, X_UNIT=x_unit, **tile, **common)
+    block_k = _pow2(K)
+    block_cf = max(min(_pow2(C), 1024 // block_k), 1)
+    block_g, block_j = _group_blocks(NG, D * K)
+    finalize = _launcher(_bwd_finalize_kernel, BLOCK_G=block_g, BLOCK_J=block_j, BLOCK_CF=block_cf,
+                         BLOCK_K=block_k, HAS_W=weight is not None, HAS_DW=mask[1], HAS_DB=mask[2], **common)
+    num_coef = triton.cdiv(NG, block_g) if mask[0] else 0
+    param_programs = triton.cdiv(C, block_cf) if mask[1] or mask[2] else 0
+    dx = None
+    if mask[0]:
+        dx = (_launcher(_bwd_dx_kernel, DY_UNIT=dy_unit, X_UNIT=x_unit, DX_UNIT=dx_unit,
+                        HAS_W=weight is not None, **tile, **common),
+              (N * tiling.cblocks * tiling.sblocks,),
+              (C, HxW, layout.S0, D, group, *dys, *xs, *dxs, tiling.cblocks, tiling.sblocks, q_at, NG))
+    return BackwardPlan(
+        dx_like_x, dx_format, torch.float64 if f64 else torch.float32, q_at + 2 * NG, copy_format,
+        (reduce, (N * tiling.cblocks * K,),
+         (C, HxW, layout.S0, D, group, *dys, *xs, tiling.cblocks, K, tiling.chunk_tiles, b_at)),
+        (finalize, (num_coef + param_programs,), (C, HxW, D, group, N, K, b_at, q_at, NG, num_coef)),
+        dx,
+    )
+
+
+def native_group_norm_backward(grad_out: torch.Tensor, input: torch.Tensor, mean: torch.Tensor, rstd: torch.Tensor,
+                               weight: torch.Tensor | None, N: int, C: int, HxW: int, group: int,
+                               output_mask: list[bool]) -> tuple[torch.Tensor | None, ...]:
+    """``aten::native_group_norm_backward``: ``(dx, dweight, dbias)``, each only if ``output_mask`` asks."""
+    if grad_out.dtype != input.dtype:
+        raise RuntimeError("Expected scalar types of X and dY are same.")
+    mask = (bool(output_mask[0]), bool(output_mask[1]), bool(output_mask[2]))
+    if not any(mask):
+        return None, None, None
+    reason = _backward_reason(grad_out, input, mean, rstd, weight, N, C, HxW, group, mask)
+    if reason is not None:
+        raise Decline(reason)
+    key = (input.shape, input.stride(), grad_out.shape, grad_out.stride(), input.dtype, input.device,
+           None if weight is None else weight.dtype, N, C, HxW, group, mask)
+    plan = _BACKWARD_PLANS.get(key)
+    if plan is None:
+        if len(_BACKWARD_PLANS) >= _PLAN_LIMIT:
+            _BACKWARD_PLANS.clear()
+        plan = _BACKWARD_PLANS[key] = _backward_plan(grad_out, input, weight, N, C, HxW, group, mask)
+    x, dy = input, grad_out
+    if plan.copy_format is not None:
+        x, dy = x.contiguous(memory_format=plan.copy_format), dy.contiguous(memory_format=plan.copy_format)
+    device = input.device
+    ws = torch.empty(plan.ws_size, dtype=plan.acc_dtype, device=device)
+    param_dtype = input.dtype if weight is None else weight.dtype
+    dw = torch.empty(C, dtype=param_dtype, device=device) if mask[1] else None
+    db = torch.empty(C, dtype=param_dtype, device=device) if mask[2] else None
+    w = mean if weight is None else _dense(weight)
+    reduce, grid0, args0 = plan.reduce
+    reduce(grid0, dy, x, mean, ws, *args0)
+    finalize, grid1, args1 = plan.finalize
+    if grid1[0]:
+        finalize(grid1, ws, w, mean, rstd, ws if dw is None else dw, ws if db is None else db, *args1)
+    dx = None
+    if plan.dx is not None:
+        dx = (torch.empty_like(input) if plan.dx_like_x
+              else torch.empty_like(input, memory_format=plan.dx_format))
+        launch, grid2, args2 = plan.dx
+        launch(grid2, dy, x, dx, w, rstd, ws, *args2)
+    return dx, dw, db

@@ -1,0 +1,213 @@
+"""``aten::unfold`` (a view) and ``aten::unfold_backward`` (a deterministic gather).
+
+``unfold`` computes torch's sizes and strides and returns
+``self.as_strided(...)`` on the input's storage (same storage offset): no
+kernel, no copy, 0-dim inputs, ``size == dim size`` and ``step > size``
+included, torch's error types and messages.
+
+Routing choice (read once, when this module is imported at ``enable()``): the
+implementation accepts calls only where the active backend's dispatch key is
+``PrivateUse1``. Such vendor devices often lack a native ``unfold`` view, and a
+view cannot fall back to the CPU (``Tensor.repeat`` then reads garbage). On
+CUDA and CPU torch's own kernel is the same ``as_strided`` arithmetic in C++;
+``supports`` declines there so the native kernel runs. The remaining cost
+there is the dispatcher's hop into flaggems' Python entry (a few µs per call):
+``FLAGGEMS_OP_unfold=native`` removes it, and a core option to skip
+registering a route whose every implementation declines would remove it by
+default.
+
+``unfold_backward`` writes ``grad_input`` (contiguous, ``grad``'s dtype, as
+torch) with one gather kernel: each element of ``grad_input`` sums, in window
+order, the ``ceil(size / step)`` or fewer windows that contain it. No atomics,
+no zero fill, any ``grad`` strides (dimensions before and after ``dim`` are
+collapsed jointly; more than one left on either side copies ``grad`` first),
+fp32 accumulation for half types (fp64 for fp64), 64-bit offsets when an
+offset can reach 2**31. A ``grad`` whose shape is not the one ``unfold`` gives
+declines, so torch's own (lenient) kernel answers.
+"""
+
+# ruff: noqa: N803 - constexpr parameters are UPPER_CASE, as in every Triton kernel
+from __future__ import annotations
+
+import functools
+import math
+from typing import Any
+
+import torch
+import triton
+import triton.language as tl
+
+import flaggems
+from flaggems import Decline
+from flaggems.toolkit import FastLauncher, collapse_dims
+from flaggems.toolkit.copy_kernels import _index  # the toolkit's index-type helper
+
+#: Whether the active backend routes ``unfold`` here (see the module docstring).
+ROUTED = flaggems.backend().dispatch_key == "PrivateUse1"
+DECLINE_REASON = "unfold is routed only on PrivateUse1 backends (native view op elsewhere)"
+
+FLOAT_DTYPES = frozenset({torch.float16, torch.bfloat16, torch.float32, torch.float64})
+#: Elements of ``grad_input`` per program.
+TILE = 2048
+NUM_WARPS = 4
+INT32_LIMIT = 2**31
+
+
+def _accept(*args: Any, **kwargs: Any) -> bool:
+    return True
+
+
+def _decline(*args: Any, **kwargs: Any) -> str:
+    return DECLINE_REASON
+
+
+#: ``OpImpl.supports`` of ``unfold``: accepts on PrivateUse1 backends only.
+supports = _accept if ROUTED else _decline
+
+
+def wrap_dim(dim: int, ndim: int, wrap_scalar: bool = True) -> int:
+    """torch's ``maybe_wrap_dim``: same range, same IndexError message."""
+    if ndim <= 0:
+        if not wrap_scalar:
+            raise IndexError(f"dimension specified as {dim} but tensor has no dimensions")
+        ndim = 1
+    low, high = -ndim, ndim - 1
+    if not low <= dim <= high:
+        raise IndexError(f"Dimension out of range (expected to be in range of [{low}, {high}], but got {dim})")
+    return dim + ndim if dim < 0 else dim
+
+
+def unfold(self: torch.Tensor, dimension: int, size: int, step: int) -> torch.Tensor:
+    """``aten::unfold``: windows of ``size`` every ``step`` along ``dimension``, as a view."""
+    ndim = self.dim()
+    dim = wrap_dim(dimension, ndim)
+    sizes, strides = list(self.shape), list(self.stride())
+    max_size = 1 if ndim == 0 else sizes[dim]
+    if size > max_size:
+        raise RuntimeError(f"maximum size for tensor at dimension {dim} is {max_size} but size is {size}")
+    if size < 0:
+        raise RuntimeError(f"size is {size} but must be >= 0")
+    if step <= 0:
+        raise RuntimeError(f"step is {step} but must be > 0")
+    sizes.append(size)
+    strides.append(1 if ndim == 0 else strides[dim])
+    if dim < ndim:
+        sizes[dim] = (sizes[dim] - size) // step + 1
+        strides[dim] *= step
+    return self.as_strided(sizes, strides)
+
+
+# --------------------------------------------------------------------------- unfold_backward
+@triton.jit(do_not_specialize=("L", "B", "windows", "size", "step", "max_windows", "g_sa", "g_sw", "g_sb", "g_sk",
+                               "jblocks", "bblocks"))
+def _unfold_backward_kernel(grad, out, L: tl.int64, B: tl.int64, windows: tl.int64, size: tl.int64,
+                            step: tl.int64, max_windows: tl.int64, g_sa: tl.int64, g_sw: tl.int64,
+                            g_sb: tl.int64, g_sk: tl.int64, jblocks: tl.int64, bblocks: tl.int64,
+                            BLOCK_J: tl.constexpr, BLOCK_B: tl.constexpr, INNER_ONE: tl.constexpr,
+                            INT64: tl.constexpr, F64: tl.constexpr):
+    """``out[a, j, b] = sum over windows w containing j of grad[a, w, b, j - w*step]``.
+
+    ``out`` is contiguous ``[A, L, B]``; ``grad`` is ``[A, windows, B, size]``
+    with strides ``g_sa, g_sw, g_sb, g_sk``. ``INNER_ONE``: ``B == 1`` (``dim``
+    is the last dimension), the store is then contiguous along ``j``.
+    """
+    pid = _index(tl.program_id(0), INT64)
+    jblocks, bblocks = _index(jblocks, INT64), _index(bblocks, INT64)
+    bb = pid % bblocks
+    jb = pid // bblocks % jblocks
+    a = pid // bblocks // jblocks
+    L, B, step, size = _index(L, INT64), _index(B, INT64), _index(step, INT64), _index(size, INT64)
+    windows = _index(windows, INT64)
+    j = jb * BLOCK_J + tl.arange(0, BLOCK_J)
+    b = bb * BLOCK_B + tl.arange(0, BLOCK_B)
+    jmask = j < L
+    bmask = b < B
+    if F64:
+        acc = tl.zeros([BLOCK_J, BLOCK_B], tl.float64)
+    else:
+        acc = tl.zeros([BLOCK_J, BLOCK_B], tl.float32)
+    base = grad + a * _index(g_sa, INT64)
+    b_off = (b * _index(g_sb, INT64))[None, :]
+    last = j // step  # the last window starting at or before j
+    for i in range(0, max_windows):
+        w = last - i
+        k = j - w * step
+        valid = jmask & (w >= 0) & (w < windows) & (k < size)
+        row = w * _index(g_sw, INT64) + k * _index(g_sk, INT64)
+        v = tl.load(base + row[:, None] + b_off, mask=valid[:, None] & bmask[None, :], other=0.0)
+        acc += v.to(acc.dtype)
+    if INNER_ONE:
+        out_off = a * L + j[:, None] + b[None, :]
+    else:
+        out_off = (a * L + j)[:, None] * B + b[None, :]
+    tl.store(out + out_off, acc.to(out.dtype.element_ty), mask=jmask[:, None] & bmask[None, :])
+
+
+def _pow2(n: int) -> int:
+    return 1 << max(n - 1, 0).bit_length()
+
+
+@functools.cache
+def _launcher(**constexprs: Any) -> FastLauncher:
+    return FastLauncher(_unfold_backward_kernel, constexprs, num_warps=NUM_WARPS)
+
+
+def _collapse_side(sizes: list[int], out_strides: list[int], grad_strides: list[int]) -> tuple[int, int] | None:
+    """The dims on one side of ``dim`` as one ``(count, grad stride)``; ``None`` if they do not merge."""
+    merged, (_, grad) = collapse_dims(sizes, out_strides, grad_strides)
+    if len(merged) > 1:
+        return None
+    return (merged[0], grad[0]) if merged else (1, 0)
+
+
+def _plan(grad: torch.Tensor, input_sizes: list[int], dim: int, size: int, step: int) -> tuple | None:
+    ndim = len(input_sizes)
+    out_strides = [math.prod(input_sizes[d + 1:]) for d in range(ndim)]
+    g = grad.stride()
+    before = _collapse_side(input_sizes[:dim], out_strides[:dim], list(g[:dim]))
+    after = _collapse_side(input_sizes[dim + 1:], out_strides[dim + 1:], list(g[dim + 1:ndim]))
+    if before is None or after is None:
+        return None
+    (A, g_sa), (B, g_sb) = before, after
+    L, windows = input_sizes[dim], grad.shape[dim]
+    block_b = min(_pow2(B), 64)
+    block_j = max(TILE // block_b, 1) if B > 1 else min(_pow2(L), TILE)
+    jblocks, bblocks = triton.cdiv(L, block_j), triton.cdiv(B, block_b)
+    reach = sum((n - 1) * abs(s) for n, s in zip(grad.shape, g)) + TILE * max(abs(s) for s in g)
+    int64 = max(A * L * B + TILE, reach) >= INT32_LIMIT
+    launcher = _launcher(BLOCK_J=block_j, BLOCK_B=block_b, INNER_ONE=B == 1, INT64=int64,
+                         F64=grad.dtype == torch.float64)
+    max_windows = triton.cdiv(size, step)
+    return launcher, (A * jblocks * bblocks,), (L, B, windows, size, step, max_windows, g_sa, g[dim], g_sb,
+                                                g[ndim], jblocks, bblocks)
+
+
+def unfold_backward(grad_in: torch.Tensor, input_sizes: list[int], dim: int, size: int,
+                    step: int) -> torch.Tensor:
+    """``aten::unfold_backward``: the gradient of ``unfold(dim, size, step)`` for an input of ``input_sizes``."""
+    if step <= 0:
+        raise ValueError(f"step is {step} but must be > 0")
+    input_sizes = [int(s) for s in input_sizes]
+    ndim = len(input_sizes)
+    dim = wrap_dim(dim, ndim)
+    if ndim == 0:
+        raise Decline("0-dim input")
+    if grad_in.dtype not in FLOAT_DTYPES or grad_in.layout != torch.strided or grad_in.is_neg():
+        raise Decline(f"dtype {grad_in.dtype} or layout")
+    if size < 0 or size > input_sizes[dim]:
+        raise Decline("size outside [0, input size] (torch's kernel decides)")
+    expected = [*input_sizes[:dim], (input_sizes[dim] - size) // step + 1, *input_sizes[dim + 1:], size]
+    if list(grad_in.shape) != expected:
+        raise Decline(f"grad shape {list(grad_in.shape)} is not unfold's {expected}")
+    out = torch.empty(input_sizes, dtype=grad_in.dtype, device=grad_in.device)
+    if out.numel() == 0:
+        return out
+    if grad_in.numel() == 0:
+        return out.zero_()
+    plan = _plan(grad_in, input_sizes, dim, size, step)
+    if plan is None:
+        grad_in = grad_in.contiguous()
+        plan = _plan(grad_in, input_sizes, dim, size, step)
+    launcher, grid, scalars = plan
+    launcher(grid, grad_in, out, *scalars)
+    return out
