@@ -67,7 +67,7 @@ INT32_LIMIT = 2**31
 #: Unit-stride codes of an operand: no unit stride, spatial (contiguous-like), channel (channels_last-like).
 GENERAL, SPATIAL_UNIT, CHANNEL_UNIT = 0, 1, 2
 
-_SHAPE_ARGS = ("C", "S", "S0", "D", "G", "N", "K", "cblocks", "sblocks", "chunk_tiles", "chunk", "num_coef")
+_SHAPE_ARGS = ("C", "S", "S0", "D", "G", "N", "K", "groups", "cblocks", "sblocks", "chunk_tiles", "chunk", "num_coef")
 _STRIDE_ARGS = tuple(f"{t}_{s}" for t in ("x", "y", "dy", "dx") for s in ("sn", "sc", "s0", "s1"))
 _OFFSET_ARGS = ("m2_at", "stat_at", "b_at", "q_at")
 _NO_SPECIALIZE = _SHAPE_ARGS + _STRIDE_ARGS + _OFFSET_ARGS
@@ -147,7 +147,7 @@ def _stats_kernel(x, ws, C: tl.int64, S: tl.int64, S0: tl.int64,
     m2 = mean
     count = _acc(tl.zeros([BLOCK_S], tl.float32), F64)
     s_begin = k * _index(chunk_tiles, INT64) * BLOCK_S
-    for t in range(0, chunk_tiles):
+    for t in range(0, _index(chunk_tiles, INT64)):
         s = s_begin + t * BLOCK_S + tl.arange(0, BLOCK_S)
         smask = s < S
         offs = _offsets(n, c, s, x_sn, x_sc, x_s0, x_s1, S0, X_UNIT, SPATIAL2, ALIGNED, INT64)
@@ -262,7 +262,7 @@ def _bwd_reduce_kernel(dy, x, mean, ws, C: tl.int64, S: tl.int64, S0: tl.int64, 
     centred = _acc(tl.zeros([BLOCK_C, BLOCK_S], tl.float32), F64)
     plain = centred
     s_begin = k * _index(chunk_tiles, INT64) * BLOCK_S
-    for t in range(0, chunk_tiles):
+    for t in range(0, _index(chunk_tiles, INT64)):
         s = s_begin + t * BLOCK_S + tl.arange(0, BLOCK_S)
         mask = cmask[:, None] & (s < S)[None, :]
         dy_offs = _offsets(n, c, s, dy_sn, dy_sc, dy_s0, dy_s1, S0, DY_UNIT, SPATIAL2, ALIGNED, INT64)
@@ -318,7 +318,7 @@ def _bwd_finalize_kernel(ws, w, mean, rstd, dw, db, C: tl.int64, S: tl.int64, D:
         mask = cmask[:, None] & (kk < K)[None, :]
         dw_acc = _acc(tl.zeros([BLOCK_CF], tl.float32), F64)
         db_acc = dw_acc
-        for n in range(0, N):
+        for n in range(0, _index(N, INT64)):
             at = (n * C + c)[:, None] * K + kk[None, :]
             if HAS_DW:
                 r = _acc(tl.load(rstd + n * G + c // D, mask=cmask, other=0.0), F64)

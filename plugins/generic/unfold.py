@@ -129,7 +129,7 @@ def _unfold_backward_kernel(grad, out, L: tl.int64, B: tl.int64, windows: tl.int
     base = grad + a * _index(g_sa, INT64)
     b_off = (b * _index(g_sb, INT64))[None, :]
     last = j // step  # the last window starting at or before j
-    for i in range(0, max_windows):
+    for i in range(0, _index(max_windows, INT64)):
         w = last - i
         k = j - w * step
         valid = jmask & (w >= 0) & (w < windows) & (k < size)
