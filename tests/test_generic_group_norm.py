@@ -123,10 +123,11 @@ def test_strided_backward_and_mixed_layouts_against_float64():
 
 @pytest.fixture
 def forced_split(monkeypatch):
-    """Many programs wanted (so K > 1 chunks) and a tiny int32 limit (so the int64 variants run)."""
-    monkeypatch.setitem(gn.DEFAULT_TARGET, DEV.type, 64)
-    monkeypatch.setattr(gn, "INT32_LIMIT", 1024)
-    monkeypatch.setattr(gn, "TILE", 64)
+    """Many programs wanted (K > 1 chunks), tiny tiles, a tiny int32 limit (the int64 variants run)."""
+    monkeypatch.setitem(gn.DEFAULT_TARGET, DEV.type, 16)
+    monkeypatch.setattr(gn, "INT32_LIMIT", 64)
+    monkeypatch.setattr(gn, "TILE", 16)
+    monkeypatch.setattr(gn, "PARAM_TILE", 8)  # dweight/dbias loop over samples one at a time
     for cache in (gn._FORWARD_PLANS, gn._BACKWARD_PLANS):
         cache.clear()
     gn._target_programs.cache_clear()
@@ -139,7 +140,7 @@ def forced_split(monkeypatch):
 @pytest.mark.parametrize("fmt", [torch.contiguous_format, torch.channels_last])
 def test_split_reduction_and_int64_offsets(forced_split, fmt):
     torch.manual_seed(0)
-    N, C, G, H, W = 1, 10, 5, 9, 13
+    N, C, G, H, W = 2, 6, 3, 5, 7
     x = torch.randn(N, C, H, W, device=DEV).contiguous(memory_format=fmt)
     dy = torch.randn(N, C, H, W, device=DEV).contiguous(memory_format=fmt)
     w, b = torch.randn(C, device=DEV), torch.randn(C, device=DEV)
@@ -213,22 +214,23 @@ def test_kernels_compile_for_sm90():
             src = ASTSource(fn, signature=sig, constexprs=constexprs, attrs=attrs)
             return triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 8})
 
-        tile = dict(BLOCK_C=4, BLOCK_S=1024, SPATIAL2=False, ALIGNED=True, INT64=False, F64=False)
-        cl = dict(BLOCK_C=256, BLOCK_S=16, SPATIAL2=True, ALIGNED=False, INT64=True, F64=False)
-        ptx = build(gn._normalize_kernel, {"x": "*bf16", "y": "*bf16", "w": "*fp32", "b": "*fp32", "ws": "*fp32"},
-                    dict(X_UNIT=1, Y_UNIT=1, HAS_W=True, HAS_B=True, **tile)).asm["ptx"]
-        assert "ld.global.v4" in ptx, "contiguous loads did not vectorise"
-        build(gn._stats_kernel, {"x": "*fp32", "ws": "*fp32"}, dict(X_UNIT=2, **cl))
-        build(gn._finalize_kernel, {"ws": "*fp64", "mean_out": "*fp64", "rstd_out": "*fp64"},
-              dict(BLOCK_G=64, BLOCK_J=16, INT64=False, F64=True))
-        build(gn._bwd_reduce_kernel, {"dy": "*fp16", "x": "*fp16", "mean": "*fp16", "ws": "*fp32"},
-              dict(DY_UNIT=2, X_UNIT=0, **cl))
-        build(gn._bwd_finalize_kernel, {"ws": "*fp32", "w": "*fp32", "mean": "*fp32", "rstd": "*fp32",
-                                        "dw": "*fp32", "db": "*fp32"},
-              dict(BLOCK_G=2, BLOCK_J=512, BLOCK_CF=8, BLOCK_K=128, HAS_W=True, HAS_DW=True, HAS_DB=True,
-                   INT64=True, F64=False))
-        build(gn._bwd_dx_kernel, {"dy": "*fp32", "x": "*fp32", "dx": "*fp32", "w": "*fp32", "rstd": "*fp32",
-                                  "ws": "*fp32"}, dict(DY_UNIT=1, X_UNIT=1, DX_UNIT=1, HAS_W=True, **tile))
+        for int64 in (False, True):  # both index widths: the interpreter never type-checks loop-carried values
+            tile = dict(BLOCK_C=4, BLOCK_S=1024, SPATIAL2=False, ALIGNED=True, INT64=int64, F64=False)
+            cl = dict(BLOCK_C=256, BLOCK_S=16, SPATIAL2=True, ALIGNED=False, INT64=int64, F64=False)
+            ptx = build(gn._normalize_kernel, {"x": "*bf16", "y": "*bf16", "w": "*fp32", "b": "*fp32",
+                                               "ws": "*fp32"}, dict(X_UNIT=1, Y_UNIT=1, HAS_W=True, HAS_B=True, **tile))
+            assert "ld.global.v4" in ptx.asm["ptx"], "contiguous loads did not vectorise"
+            build(gn._stats_kernel, {"x": "*fp32", "ws": "*fp32"}, dict(X_UNIT=2, **cl))
+            build(gn._finalize_kernel, {"ws": "*fp64", "mean_out": "*fp64", "rstd_out": "*fp64"},
+                  dict(BLOCK_G=64, BLOCK_J=16, INT64=int64, F64=True))
+            build(gn._bwd_reduce_kernel, {"dy": "*fp16", "x": "*fp16", "mean": "*fp16", "ws": "*fp32"},
+                  dict(DY_UNIT=2, X_UNIT=0, **cl))
+            build(gn._bwd_finalize_kernel, {"ws": "*fp32", "w": "*fp32", "mean": "*fp32", "rstd": "*fp32",
+                                            "dw": "*fp32", "db": "*fp32"},
+                  dict(BLOCK_G=2, BLOCK_J=512, BLOCK_N=4, BLOCK_CF=8, BLOCK_K=128, HAS_W=True, HAS_DW=True,
+                       HAS_DB=True, INT64=int64, F64=False))
+            build(gn._bwd_dx_kernel, {"dy": "*fp32", "x": "*fp32", "dx": "*fp32", "w": "*fp32", "rstd": "*fp32",
+                                      "ws": "*fp32"}, dict(DY_UNIT=1, X_UNIT=1, DX_UNIT=1, HAS_W=True, **tile))
         print("ok")
     """)
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}

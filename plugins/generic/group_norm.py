@@ -57,6 +57,9 @@ TILE = 4096
 NUM_WARPS = 8
 #: Partials per tile of the finalize kernels.
 FINALIZE_TILE = 1024
+#: dweight/dbias: at least this many channels per program (programs spread over the device), partials per tile.
+PARAM_MIN_CHANNELS = 4
+PARAM_TILE = 4096
 #: At most this many spatial chunks per channel (bounds the workspace and step 2).
 MAX_CHUNKS = 128
 #: Programs wanted per streaming multiprocessor when splitting groups.
@@ -280,7 +283,8 @@ def _bwd_reduce_kernel(dy, x, mean, ws, C: tl.int64, S: tl.int64, S0: tl.int64, 
 def _bwd_finalize_kernel(ws, w, mean, rstd, dw, db, C: tl.int64, S: tl.int64, D: tl.int64, G: tl.int64,
                          N: tl.int64, K: tl.int64, b_at: tl.int64, q_at: tl.int64, groups: tl.int64,
                          num_coef: tl.int64, BLOCK_G: tl.constexpr, BLOCK_J: tl.constexpr,
-                         BLOCK_CF: tl.constexpr, BLOCK_K: tl.constexpr, HAS_W: tl.constexpr, HAS_DW: tl.constexpr,
+                         BLOCK_N: tl.constexpr, BLOCK_CF: tl.constexpr, BLOCK_K: tl.constexpr, HAS_W: tl.constexpr,
+                         HAS_DW: tl.constexpr,
                          HAS_DB: tl.constexpr, INT64: tl.constexpr, F64: tl.constexpr):
     """Programs ``< num_coef``: ``q, o`` of ``BLOCK_G`` groups; the others: ``dw, db`` of a channel block."""
     pid = _index(tl.program_id(0), INT64)
@@ -312,19 +316,24 @@ def _bwd_finalize_kernel(ws, w, mean, rstd, dw, db, C: tl.int64, S: tl.int64, D:
         tl.store(ws + _index(q_at, INT64) + gid, q, mask=gmask)
         tl.store(ws + _index(q_at, INT64) + NG + gid, o, mask=gmask)
     else:
+        # [BLOCK_N, BLOCK_CF, BLOCK_K] tiles: chunks summed, then samples (a tree of fixed shape: deterministic).
         c = (pid - num_coef) * BLOCK_CF + tl.arange(0, BLOCK_CF)
         cmask = c < C
         kk = tl.arange(0, BLOCK_K)
-        mask = cmask[:, None] & (kk < K)[None, :]
+        samples = _index(N, INT64)
         dw_acc = _acc(tl.zeros([BLOCK_CF], tl.float32), F64)
         db_acc = dw_acc
-        for n in range(0, _index(N, INT64)):
-            at = (n * C + c)[:, None] * K + kk[None, :]
+        for n0 in range(0, samples, BLOCK_N):
+            n = n0 + tl.arange(0, BLOCK_N)
+            rows = (n < samples)[:, None] & cmask[None, :]
+            at = ((n[:, None] * C + c[None, :]) * K)[:, :, None] + kk[None, None, :]
+            mask = rows[:, :, None] & (kk < K)[None, None, :]
             if HAS_DW:
-                r = _acc(tl.load(rstd + n * G + c // D, mask=cmask, other=0.0), F64)
-                dw_acc += tl.sum(tl.load(ws + at, mask=mask, other=0.0), axis=1) * r
+                r = _acc(tl.load(rstd + n[:, None] * G + (c // D)[None, :], mask=rows, other=0.0), F64)
+                dw_acc += tl.sum(tl.sum(tl.load(ws + at, mask=mask, other=0.0), axis=2) * r, axis=0)
             if HAS_DB:
-                db_acc += tl.sum(tl.load(ws + _index(b_at, INT64) + at, mask=mask, other=0.0), axis=1)
+                db_acc += tl.sum(tl.sum(tl.load(ws + _index(b_at, INT64) + at, mask=mask, other=0.0), axis=2),
+                                 axis=0)
         if HAS_DW:
             tl.store(dw + c, dw_acc.to(dw.dtype.element_ty), mask=cmask)
         if HAS_DB:
@@ -698,10 +707,13 @@ def _backward_plan(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor | Non
     x_unit, dy_unit, dx_unit = layout.units
     reduce = _launcher(_bwd_reduce_kernel, DY_UNIT=dy_unit, X_UNIT=x_unit, **tile, **common)
     block_k = _pow2(K)
-    block_cf = max(min(_pow2(C), 1024 // block_k), 1)
+    spread = _pow2(triton.cdiv(C, _target_programs(x.device.type, x.device.index or 0)))
+    block_cf = max(min(max(spread, PARAM_MIN_CHANNELS), FINALIZE_TILE // block_k, _pow2(C)), 1)
+    block_n = max(min(_pow2(N), PARAM_TILE // (block_k * block_cf)), 1)
     block_g, block_j = _group_blocks(NG, D * K)
-    finalize = _launcher(_bwd_finalize_kernel, BLOCK_G=block_g, BLOCK_J=block_j, BLOCK_CF=block_cf,
-                         BLOCK_K=block_k, HAS_W=weight is not None, HAS_DW=mask[1], HAS_DB=mask[2], **common)
+    finalize = _launcher(_bwd_finalize_kernel, BLOCK_G=block_g, BLOCK_J=block_j, BLOCK_N=block_n,
+                         BLOCK_CF=block_cf, BLOCK_K=block_k, HAS_W=weight is not None, HAS_DW=mask[1],
+                         HAS_DB=mask[2], **common)
     num_coef = triton.cdiv(NG, block_g) if mask[0] else 0
     param_programs = triton.cdiv(C, block_cf) if mask[1] or mask[2] else 0
     dx = None
