@@ -12,18 +12,25 @@ and one dtype). A channels_last ``input`` with a contiguous ``grad_out`` is
 left out of the backward cases: torch's CPU kernel returns wrong gradients
 for it (the generic tests compare it with a float64 autograd reference).
 
-Tolerances, in units of the output dtype's last place (``rtol = atol``):
+Tolerances, in units of the output dtype's last place (``rtol = atol``),
+with the largest error measured on the CPU interpreter against torch's CPU
+kernel:
 
-* fp32 forward, 64: mean and rstd come from reductions in another order
-  (lane-wise Welford merged with Chan's formula against torch's cascade
-  sums) and differ by a few ulps; ``y = x * a + b`` turns that into errors
-  relative to ``|x * a|``, up to ~8x ``|y|`` where ``y`` is small.
-* fp32 backward, 256: ``dweight``/``dbias`` sum up to a few thousand
-  products (error grows with the term count) and ``dx`` cancels three terms
-  of magnitude ``|w * rstd * dy|``.
-* fp64: the same reorderings, same budgets in fp64 ulps.
-* fp16 / bfloat16, 2: both sides compute in fp32 and round once (the CPU
-  interpreter truncates bfloat16, the kit adds one ulp for that).
+* fp32 forward, 64 (measured 26, on 3-element groups): mean and rstd come
+  from reductions in another order (lane-wise Welford merged with Chan's
+  formula against torch's cascade sums) and differ by a few ulps;
+  ``y = x * a + b`` turns that into errors relative to ``|x * a|``, several
+  times ``|y|`` where ``y`` is small. The case whose mean is 100 cancels
+  terms of size ~100 and gets 256 (measured 124).
+* fp32 backward, 256 (measured 143): ``dbias`` of the 9216-element case sums
+  9216 terms; torch's own fp32 result is 121 ulps from the float64 one
+  (flaggems' 22), and ``dx`` cancels three terms of size ``|w * rstd * dy|``.
+* fp64: the same reorderings, the same budgets in fp64 ulps (measured < 2).
+* fp16 / bfloat16, 4 (measured 1.4): both sides compute in fp32 and round
+  once, but torch's CUDA kernel normalises with mean/rstd already rounded
+  to the half type (its CPU kernel keeps fp32): up to ~|x_hat * w| * 2**-11
+  (fp16) more. The CPU interpreter also truncates bfloat16 (the kit adds
+  one ulp for that).
 """
 
 from __future__ import annotations
@@ -39,8 +46,8 @@ from .._inputs import short_name
 F32, F16, BF16, F64 = torch.float32, torch.float16, torch.bfloat16, torch.float64
 CL, CL3D = torch.channels_last, torch.channels_last_3d
 EPS = 1e-5
-FORWARD_ULPS = {F32: 64, F64: 64, F16: 2, BF16: 2}
-BACKWARD_ULPS = {F32: 256, F64: 256, F16: 2, BF16: 2}
+FORWARD_ULPS = {F32: 64, F64: 64, F16: 4, BF16: 4}
+BACKWARD_ULPS = {F32: 256, F64: 256, F16: 4, BF16: 4}
 
 #: torch's native kernel accepts channels_last input and mixed dtypes on CPU only.
 NATIVE_TAKES_CHANNELS_LAST = device().type == "cpu"
@@ -119,8 +126,7 @@ def _forward_cases():
     yield forward("weight-only", (2, 6, 4, 4), 3, bias=False)
     yield forward("bias-only", (2, 6, 4, 4), 3, weight=False)
     yield forward("eps-honoured", (2, 6, 2, 2), 3, eps=0.5)
-    # y = x * a + b cancels terms of size |mean| * rstd ~ 100: both sides err by ulps of 100, not of y
-    # (127 fp32 ulps of 1 measured).
+    # y = x * a + b cancels terms of size |mean| * rstd ~ 100: both sides err by ulps of 100, not of y.
     yield forward("mean-far-from-zero", (2, 6, 4, 4), 3, shift=100.0, ulps=256)
     yield forward("several-chunks-per-channel", (1, 2, 96, 96), 1)
 
