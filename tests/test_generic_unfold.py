@@ -1,7 +1,7 @@
 """unfold (view), unfold_backward (gather) and Tensor.repeat end to end.
 
-On CPU and CUDA the ``unfold`` route declines (torch's view kernel runs); the
-conformance kit therefore skips it here. These tests check the view
+On CPU and CUDA the generic plugin does not offer ``unfold`` (torch's view
+kernel runs; a simulated PrivateUse1 vendor gets a route that declines). These tests check the view
 implementation against every kit case with the route's ``supports`` bypassed,
 force the route on to run ``Tensor.repeat`` through it (what a PrivateUse1
 backend gets), and run ``unfold_backward`` through autograd.
@@ -24,10 +24,24 @@ dispatch_log = test_generic_copy.dispatch_log
 ran = test_generic_copy.ran
 
 
+class _UnfoldEverywhere:
+    """Offers the generic ``unfold`` as the generic plugin does on PrivateUse1 backends."""
+
+    @flaggems.hookimpl
+    def flaggems_operators(self):
+        return [flaggems.OpImpl("unfold", uf.unfold, priority=1)]
+
+
 @pytest.fixture
 def unfold_routed(monkeypatch):
-    """What a PrivateUse1 backend gets: the ``unfold`` route accepts (read at enable())."""
-    monkeypatch.setattr(uf, "supports", uf._accept)
+    """What a PrivateUse1 backend gets: ``unfold`` routed to the generic view."""
+    from flaggems.runtime import RUNTIME
+
+    flaggems.disable()
+    RUNTIME.manager.register(_UnfoldEverywhere(), "unfold-everywhere")
+    yield
+    flaggems.disable()
+    RUNTIME.manager.unregister("unfold-everywhere")
 
 
 @pytest.mark.parametrize("case", testing.cases_for("unfold"), ids=lambda c: c.name)
@@ -62,7 +76,9 @@ def test_repeat_fp16_default_routes(dispatch_log):
     actual = x.repeat(1, 2, 2)
     messages = ran(dispatch_log)
     assert "copy_ -> generic" in messages
-    assert any("unfold: generic declined" in m for m in messages)
+    assert not any("unfold ->" in m for m in messages), "unfold is not routed on CPU/CUDA"
+    if flaggems.backend().backend.dispatch_key != "PrivateUse1":  # else: a simulated vendor
+        assert flaggems.routes("unfold") == []
     assert torch.equal(actual, expected)
 
 
@@ -74,7 +90,7 @@ def test_repeat_and_unfold_contiguous_through_the_route(unfold_routed, dispatch_
     expected = (x.repeat(1, 2, 2), x.repeat(3, 1, 1, 2), signal.unfold(0, 8, 4).contiguous())
     flaggems.enable()
     actual = (x.repeat(1, 2, 2), x.repeat(3, 1, 1, 2), signal.unfold(0, 8, 4).contiguous())
-    assert "unfold -> generic" in ran(dispatch_log)
+    assert "unfold -> unfold-everywhere" in ran(dispatch_log)
     for a, e in zip(actual, expected):
         assert a.shape == e.shape and a.stride() == e.stride() and torch.equal(a, e)
 
@@ -89,7 +105,7 @@ def test_unfold_backward_through_autograd(unfold_routed, dispatch_log, step):
     flaggems.enable()
     (actual,) = torch.autograd.grad(x.unfold(1, 4, step), x, grad)
     messages = ran(dispatch_log)
-    assert "unfold -> generic" in messages and "unfold_backward -> generic" in messages
+    assert "unfold -> unfold-everywhere" in messages and "unfold_backward -> generic" in messages
     torch.testing.assert_close(actual, expected, rtol=4 * 2.0**-23, atol=4 * 2.0**-23)
 
 
