@@ -76,8 +76,8 @@ def test_repeat_fp16_default_routes(dispatch_log):
     actual = x.repeat(1, 2, 2)
     messages = ran(dispatch_log)
     assert "copy_ -> generic" in messages
-    assert not any("unfold ->" in m for m in messages), "unfold is not routed on CPU/CUDA"
     if flaggems.backend().backend.dispatch_key != "PrivateUse1":  # else: a simulated vendor
+        assert not any("unfold ->" in m for m in messages), "unfold is not routed on CPU/CUDA"
         assert flaggems.routes("unfold") == []
     assert torch.equal(actual, expected)
 
