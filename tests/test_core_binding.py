@@ -11,6 +11,8 @@ import flaggems
 from flaggems_fakes import kernels
 from flaggems_fakes.plugins import AcmeVendor, CopyPlugin, DecliningAdd, GenericNeg
 
+DEV = torch.device(flaggems.backend().device_type)
+
 
 @pytest.fixture
 def calls():
@@ -21,7 +23,7 @@ def calls():
 
 def test_enable_routes_then_disable_restores_native(runtime, calls):
     runtime.manager.register(GenericNeg(), "fake-generic")
-    x = torch.randn(100)
+    x = torch.randn(100, device=DEV)
     expected = torch.neg(x)
     flaggems.enable()
     assert flaggems.is_enabled()
@@ -35,7 +37,7 @@ def test_enable_routes_then_disable_restores_native(runtime, calls):
 
 def test_routed_result_equals_native_on_strided_input(runtime, calls):
     runtime.manager.register(GenericNeg(), "fake-generic")
-    x = torch.randn(8, 13).t()
+    x = torch.randn(8, 13, device=DEV).t()
     expected = torch.neg(x)
     with flaggems.enabled():
         out = torch.neg(x)
@@ -45,9 +47,9 @@ def test_routed_result_equals_native_on_strided_input(runtime, calls):
 
 def test_supports_declines_to_native(runtime, calls):
     runtime.manager.register(GenericNeg(), "fake-generic")
-    expected = -torch.arange(5)
+    expected = -torch.arange(5, device=DEV)
     with flaggems.enabled():
-        out = torch.neg(torch.arange(5))
+        out = torch.neg(torch.arange(5, device=DEV))
     assert calls == []
     assert torch.equal(out, expected)
 
@@ -58,23 +60,24 @@ def test_vendor_first_then_generic_on_decline(runtime, calls, monkeypatch):
     monkeypatch.setenv("FLAGGEMS_VENDOR", "acme")
     runtime._active = None
     with flaggems.enabled():
-        torch.neg(torch.randn(4))
-        torch.neg(torch.randn(4, dtype=torch.float64))  # vendor declines float64
+        torch.neg(torch.randn(4, device=DEV))
+        torch.neg(torch.randn(4, dtype=torch.float64, device=DEV))  # vendor declines float64
     assert calls == ["vendor_neg", "triton_neg"]
 
 
 def test_reentry_goes_native_not_recursive(runtime, calls):
     runtime.manager.register(GenericNeg(), "fake-generic")
-    x = torch.tensor([-1.5, 2.0])
+    x = torch.tensor([-1.5, 2.0], device=DEV)
     with flaggems.enabled():
         out = torch.abs(x)
     assert calls == ["reentrant_abs"]
-    assert torch.equal(out, torch.tensor([1.5, 2.0]))
+    assert torch.equal(out, torch.tensor([1.5, 2.0], device=DEV))
 
 
+@pytest.mark.skipif(DEV.type != "cpu", reason="the Triton interpreter runs on CPU tensors only")
 def test_interpreter_internal_copy_does_not_recurse(runtime, calls):
     runtime.manager.register(CopyPlugin(), "fake-copy")
-    dst, src = torch.zeros(300), torch.randn(300)
+    dst, src = torch.zeros(300, device=DEV), torch.randn(300, device=DEV)
     with flaggems.enabled():
         dst.copy_(src)
     assert torch.equal(dst, src)
@@ -83,15 +86,15 @@ def test_interpreter_internal_copy_does_not_recurse(runtime, calls):
 
 def test_python_scalars_in_tensor_slots_go_native_with_torch_promotion(runtime, calls):
     runtime.manager.register(DecliningAdd(), "fake-add")
-    half = torch.ones(3, dtype=torch.float16)
-    ints = torch.ones(3, dtype=torch.int32)
-    zero_dim = torch.tensor(1.0, dtype=torch.float16)
+    half = torch.ones(3, dtype=torch.float16, device=DEV)
+    ints = torch.ones(3, dtype=torch.int32, device=DEV)
+    zero_dim = torch.tensor(1.0, dtype=torch.float16, device=DEV)
     expected = [half + 0.5, ints + 0.5, ints + 2, zero_dim + 0.5, half + True]
     with flaggems.enabled():
         results = [half + 0.5, ints + 0.5, ints + 2, zero_dim + 0.5, half + True]
         both_tensors = half + half
     assert calls == ["declining_add"], "implementations never see Python numbers in Tensor slots"
-    assert torch.equal(both_tensors, torch.full((3,), 2.0, dtype=torch.float16))
+    assert torch.equal(both_tensors, torch.full((3,), 2.0, dtype=torch.float16, device=DEV))
     for got, want in zip(results, expected):
         assert got.dtype == want.dtype and torch.equal(got, want)
 
@@ -99,11 +102,11 @@ def test_python_scalars_in_tensor_slots_go_native_with_torch_promotion(runtime, 
 def test_native_kernel_rewraps_python_scalars():
     from flaggems.binding import NativeKernel
 
-    native = NativeKernel.capture("add.Tensor", "CPU")
-    half = torch.ones(2, dtype=torch.float16)
+    native = NativeKernel.capture("add.Tensor", flaggems.backend().dispatch_key)
+    half = torch.ones(2, dtype=torch.float16, device=DEV)
     assert native(half, 0.5).dtype == torch.float16
-    assert native(torch.ones(2, dtype=torch.int32), 0.5).dtype == torch.float32
-    assert native(torch.ones(2, dtype=torch.int32), 3).dtype == torch.int32
+    assert native(torch.ones(2, dtype=torch.int32, device=DEV), 0.5).dtype == torch.float32
+    assert native(torch.ones(2, dtype=torch.int32, device=DEV), 3).dtype == torch.int32
 
 
 def test_enable_is_idempotent_and_context_restores(runtime, calls):
@@ -141,7 +144,7 @@ def test_enable_disable_thread_safe(runtime, calls):
     assert not errors
     assert not flaggems.is_enabled()
     calls.clear()
-    torch.neg(torch.ones(2))
+    torch.neg(torch.ones(2, device=DEV))
     assert calls == []
 
 
@@ -150,8 +153,8 @@ def test_dispatch_and_fallback_logging(runtime, calls, monkeypatch, caplog):
     monkeypatch.setenv("FLAGGEMS_LOG", "dispatch,fallback")
     with caplog.at_level("INFO", logger="flaggems"):
         with flaggems.enabled():
-            torch.neg(torch.ones(2))
-            torch.neg(torch.ones(2, dtype=torch.int64))
+            torch.neg(torch.ones(2, device=DEV))
+            torch.neg(torch.ones(2, dtype=torch.int64, device=DEV))
     messages = [r.getMessage() for r in caplog.records]
     assert "neg -> fake-generic" in messages
     assert any("neg: fake-generic declined: dtype torch.int64" in m for m in messages)
@@ -160,8 +163,8 @@ def test_dispatch_and_fallback_logging(runtime, calls, monkeypatch, caplog):
 
 def test_autograd_still_works_through_routed_op(runtime, calls):
     runtime.manager.register(GenericNeg(), "fake-generic")
-    x = torch.randn(5, requires_grad=True)
-    expected = -torch.ones(5)
+    x = torch.randn(5, requires_grad=True, device=DEV)
+    expected = -torch.ones(5, device=DEV)
     with flaggems.enabled():
         torch.neg(x).sum().backward()
     assert torch.equal(x.grad, expected)

@@ -62,9 +62,17 @@ def test_composite_overloads_keep_autograd():
     assert torch.equal(x.grad, torch.tensor([3.0, 4, 2], device=DEV)[:, None].expand(3, 4))
 
 
+@pytest.fixture
+def gpu_default_checks(monkeypatch):
+    """The GPU default: no synchronous checks (the suite runs with FLAGGEMS_CHECK_INDICES=1)."""
+    monkeypatch.setattr(checks, "_ENABLED", False)
+    yield
+    checks.reset()
+
+
 @CUDA
 @pytest.mark.parametrize("case", ["values_known", "tensor_known", "scalar_tensor_known", "self_int"])
-def test_known_output_size_has_no_host_sync(case):
+def test_known_output_size_has_no_host_sync(case, gpu_default_checks):
     rows, items = 17096, 854524
     r = seed_repeats(rows, items, "cuda")
     x = torch.arange(rows, device="cuda")
@@ -74,7 +82,6 @@ def test_known_output_size_has_no_host_sync(case):
         "scalar_tensor_known": lambda: x.repeat_interleave(torch.tensor(3, device="cuda"), output_size=3 * rows),
         "self_int": lambda: x.repeat_interleave(4, output_size=4 * rows),
     }[case]
-    checks.reset()
     with flaggems.enabled():
         expected = run().clone()  # warm-up compiles outside the sync check
         torch.cuda.synchronize()
@@ -87,7 +94,7 @@ def test_known_output_size_has_no_host_sync(case):
 
 
 @CUDA
-def test_known_output_size_captures_in_cuda_graph():
+def test_known_output_size_captures_in_cuda_graph(gpu_default_checks):
     rows, items = 17096, 854524
     r = seed_repeats(rows, items, "cuda")
     x = torch.arange(rows, device="cuda")

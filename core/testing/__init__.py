@@ -50,6 +50,10 @@ class Case:
             with a device-side assert on GPUs (which poisons the CUDA context):
             there the native side is not run, and the case needs flaggems'
             synchronous checks (``FLAGGEMS_CHECK_INDICES=1``).
+            ``"native-contiguous-on-gpu"`` marks a layout torch's GPU kernel
+            mishandles when called directly (its composite caller always makes
+            the input contiguous): off the CPU the native side gets contiguous
+            copies of the tensor inputs, which defines the expected values.
     """
 
     name: str
@@ -151,6 +155,8 @@ def run_native(op: str, case: Case, dev: torch.device) -> tuple[Any, Inputs]:
 
     native = NativeKernel.capture(op, RUNTIME.active_backend().dispatch_key)
     args, kwargs = _build(case, dev)
+    if NATIVE_CONTIGUOUS_ON_GPU in case.tags and dev.type != "cpu":
+        args = tuple(a.contiguous() if isinstance(a, torch.Tensor) else a for a in args)
     return native(*args, **kwargs), (args, kwargs)
 
 
@@ -188,6 +194,7 @@ def check(item: Item, dev: torch.device | None = None) -> str:
 
 
 DEVICE_ASSERT = "device-assert"
+NATIVE_CONTIGUOUS_ON_GPU = "native-contiguous-on-gpu"
 
 
 def _check_error(item: Item, dev: torch.device) -> str:
