@@ -172,55 +172,36 @@ def build_entry(op: str, chain: Sequence[ResolvedLink], native: NativeKernel, in
     return _build_chain_entry(op, tuple(chain), native, interpreter, channels, busy)
 
 
-def _number_check(native: NativeKernel) -> Callable[[tuple], bool]:
+def _number_check(native: NativeKernel) -> tuple[int, Callable[[tuple], bool] | None]:
     """Per-op test: did a Python number arrive in a Tensor slot?
 
     The dispatcher hands wrapped numbers (``x + 0.5``) to Python kernels as
     Python scalars; implementations never see them: such calls go native,
-    where they are re-wrapped. Specialised for one slot, the common case.
+    where they are re-wrapped. Returns the first Tensor slot (checked inline
+    by the entry: a function call costs ~0.2 µs on a slow host) and a check
+    of the other slots, or ``None`` when there are none.
     """
     positions = native.tensor_positions
+    if not positions:
+        return 1 << 30, None
+    first, rest = positions[0], positions[1:]
+    if not rest:
+        return first, None
     numbers = _PY_NUMBER_CLASSES
-    if len(positions) == 1:
-        (only,) = positions
-        return lambda args: len(args) > only and args[only].__class__ in numbers
-    if len(positions) == 2:
-        first, second = positions
-        return lambda args: ((len(args) > first and args[first].__class__ in numbers)
-                             or (len(args) > second and args[second].__class__ in numbers))
-    return lambda args: any(len(args) > i and args[i].__class__ in numbers for i in positions)
+    return first, lambda args: any(len(args) > i and args[i].__class__ in numbers for i in rest)
 
 
 def _build_single_entry(fn: Callable[..., Any], native: NativeKernel, busy: set[int],
                         interpreter: bool) -> Callable[..., Any]:
     get_ident = threading.get_ident
     native_threads = _NATIVE_THREADS if interpreter else frozenset()
-    positions = native.tensor_positions
-    if len(positions) != 1:
-        has_number = _number_check(native)
-    else:
-        # The common case, inlined: a lambda call costs ~0.2 µs on a slow host.
-        (slot,) = positions
-        numbers = _PY_NUMBER_CLASSES
-
-        def entry(*args: Any, **kwargs: Any) -> Any:
-            me = get_ident()
-            if me in busy or me in native_threads or (len(args) > slot and args[slot].__class__ in numbers):
-                return native(*args, **kwargs)
-            busy.add(me)
-            try:
-                return fn(*args, **kwargs)
-            except Decline:
-                pass
-            finally:
-                busy.discard(me)
-            return native(*args, **kwargs)
-
-        return entry
+    slot, other_slots = _number_check(native)
+    numbers = _PY_NUMBER_CLASSES
 
     def entry(*args: Any, **kwargs: Any) -> Any:
         me = get_ident()
-        if me in busy or me in native_threads or has_number(args):
+        if (me in busy or me in native_threads or (len(args) > slot and args[slot].__class__ in numbers)
+                or (other_slots is not None and other_slots(args))):
             return native(*args, **kwargs)
         busy.add(me)
         try:
@@ -240,11 +221,16 @@ def _build_chain_entry(op: str, chain: tuple[ResolvedLink, ...], native: NativeK
     native_threads = _NATIVE_THREADS if interpreter else frozenset()
     dispatch_log = log.logger("dispatch") if "dispatch" in channels else None
     fallback_log = log.logger("fallback") if "fallback" in channels else None
-    has_number = _number_check(native)
+
+    def goes_native(me: int, args: tuple) -> bool:
+        """Re-entered, inside a native scope, or a Python number in a Tensor slot."""
+        if me in busy or me in native_threads:
+            return True
+        return any(len(args) > i and args[i].__class__ in _PY_NUMBER_CLASSES for i in native.tensor_positions)
 
     def entry(*args: Any, **kwargs: Any) -> Any:
         me = get_ident()
-        if me in busy or me in native_threads or has_number(args):
+        if goes_native(me, args):
             if dispatch_log:
                 dispatch_log.info("%s -> native (re-entered or Python scalar)", op)
             return native(*args, **kwargs)

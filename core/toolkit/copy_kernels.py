@@ -23,27 +23,12 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from .jit_helpers import hint16 as _hint16
+from .jit_helpers import index_type as _index
+
 FLAT_SCALARS = ("n", "num_tiles")
 SHAPE_SCALARS = tuple(f"size{d}" for d in range(6)) + tuple(f"dst_stride{d}" for d in range(6)) + tuple(
     f"src_stride{d}" for d in range(6))
-
-
-@triton.jit
-def _index(x, INT64: tl.constexpr):
-    """Cast an index argument to the kernel's index type."""
-    if INT64:
-        y = x.to(tl.int64)
-    else:
-        y = x.to(tl.int32)
-    return y
-
-
-@triton.jit
-def _hint16(x, ALIGNED: tl.constexpr):
-    """Tell the compiler ``x % 16 == 0`` (the host checked it), enabling vector access."""
-    if ALIGNED:
-        x = (x // 16) * 16
-    return x
 
 
 @triton.jit

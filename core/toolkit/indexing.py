@@ -29,6 +29,7 @@ import torch
 import triton
 import triton.language as tl
 
+from .jit_helpers import index_type as _narrow
 from .launch import FastLauncher
 from .layout import collapse_dims, span
 
@@ -45,16 +46,6 @@ _SCALARS = ("outer0", "outer1", "rows", "inner1", "cols", "col_tiles", "dim_size
 
 #: How the kernel finds ``index[j]``: a tensor, ``j // int``, or ``j // tensor[0]``.
 INDEX_TENSOR, INDEX_DIVIDE_INT, INDEX_DIVIDE_TENSOR = 0, 1, 2
-
-
-@triton.jit
-def _narrow(x, INT64: tl.constexpr):
-    """Index arithmetic in 32 bits unless the host asked for 64."""
-    if INT64:
-        y = x.to(tl.int64)
-    else:
-        y = x.to(tl.int32)
-    return y
 
 
 @triton.jit

@@ -47,7 +47,8 @@ import triton.language as tl
 
 from flaggems import Decline
 from flaggems.toolkit import FastLauncher, collapse_dims
-from flaggems.toolkit.copy_kernels import _hint16, _index  # index type and alignment hints, shared
+from flaggems.toolkit.jit_helpers import hint16 as _hint16
+from flaggems.toolkit.jit_helpers import index_type as _index
 
 FLOAT_DTYPES = frozenset({torch.float16, torch.bfloat16, torch.float32, torch.float64})
 HALF_DTYPES = frozenset({torch.float16, torch.bfloat16})

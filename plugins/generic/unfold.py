@@ -40,7 +40,7 @@ import triton.language as tl
 import flaggems
 from flaggems import Decline
 from flaggems.toolkit import FastLauncher, collapse_dims
-from flaggems.toolkit.copy_kernels import _index  # the toolkit's index-type helper
+from flaggems.toolkit.jit_helpers import index_type as _index
 
 #: Whether the active backend routes ``unfold`` here (see the module docstring).
 ROUTED = flaggems.backend().dispatch_key == "PrivateUse1"
