@@ -8,7 +8,12 @@ on the ``CUDA`` dispatch key, as for NVIDIA. The probe in
 
 from __future__ import annotations
 
-from flaggems import Backend, OpImpl, hookimpl
+from flaggems import Backend, OpImpl, Tuning, hookimpl
+
+#: The XPU runs the shared elementwise kernels best on a fixed grid of 12 CTAs
+#: walking the tiles with a grid-stride loop (the policy of the seed's
+#: KunlunXin copy_ fix, measured on a P800 there; not re-measured here).
+ELEMENTWISE = {"max_ctas": 12}
 
 
 @hookimpl
@@ -23,3 +28,9 @@ def flaggems_backends() -> list[Backend]:
 def flaggems_operators(backend: Backend) -> list[OpImpl]:
     """No KunlunXin-specific operators yet; later issues add them."""
     return []
+
+
+@hookimpl
+def flaggems_tuning(backend: Backend) -> list[Tuning]:
+    """Launch policy of the generic strided kernels on KunlunXin: configuration, not a copied kernel."""
+    return [Tuning("elementwise", ELEMENTWISE, vendor="kunlunxin")]
