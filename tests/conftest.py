@@ -7,6 +7,7 @@ kernels are decorated.
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
 
@@ -45,3 +46,18 @@ def runtime(monkeypatch):
     RUNTIME._active = None
     monkeypatch.undo()
     flaggems.backend()
+
+
+@pytest.fixture
+def dispatch_log(monkeypatch, caplog):
+    """Enable flaggems with the dispatch and fallback channels recorded."""
+    monkeypatch.setenv("FLAGGEMS_LOG", "dispatch,fallback")
+    with caplog.at_level(logging.INFO, logger="flaggems"):
+        flaggems.enable()
+        yield caplog
+        flaggems.disable()
+
+
+def ran(caplog) -> set[str]:
+    """Dispatch/fallback messages recorded (the interpreter's re-entered internal copies left out)."""
+    return {r.getMessage() for r in caplog.records if "re-entered" not in r.getMessage()}

@@ -2,28 +2,13 @@
 
 from __future__ import annotations
 
-import logging
-
 import pytest
 import torch
+from conftest import ran
 
 import flaggems
 
 DEV = torch.device(flaggems.backend().device_type)
-
-
-@pytest.fixture
-def dispatch_log(monkeypatch, caplog):
-    """Enable flaggems with the dispatch and fallback channels recorded."""
-    monkeypatch.setenv("FLAGGEMS_LOG", "dispatch,fallback")
-    with caplog.at_level(logging.INFO, logger="flaggems"):
-        flaggems.enable()
-        yield caplog
-        flaggems.disable()
-
-
-def ran(caplog) -> set[str]:
-    return {r.getMessage() for r in caplog.records if "re-entered" not in r.getMessage()}
 
 
 def close_bf16(actual: torch.Tensor, expected: torch.Tensor) -> None:

@@ -17,9 +17,9 @@ import sys
 import textwrap
 
 import pytest
-import test_generic_copy
 import torch
 import torch.nn.functional as F  # noqa: N812 - the usual spelling
+from conftest import ran
 
 import flaggems
 from flaggems import testing
@@ -27,9 +27,6 @@ from flaggems.plugins.generic import group_norm as gn
 
 DEV = torch.device(flaggems.backend().device_type)
 A = torch.ops.aten
-#: Shared with the copy tests: flaggems enabled with the dispatch/fallback log recorded.
-dispatch_log = test_generic_copy.dispatch_log
-ran = test_generic_copy.ran
 
 
 def reference(x, group, weight, bias, dy, eps=1e-5):

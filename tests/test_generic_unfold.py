@@ -10,8 +10,8 @@ backend gets), and run ``unfold_backward`` through autograd.
 from __future__ import annotations
 
 import pytest
-import test_generic_copy
 import torch
+from conftest import ran
 
 import flaggems
 from flaggems import testing
@@ -19,9 +19,6 @@ from flaggems.plugins.generic import unfold as uf
 
 DEV = torch.device(flaggems.backend().device_type)
 A = torch.ops.aten
-#: Shared with the copy tests: flaggems enabled with the dispatch/fallback log recorded.
-dispatch_log = test_generic_copy.dispatch_log
-ran = test_generic_copy.ran
 
 
 class _UnfoldEverywhere:
