@@ -43,13 +43,18 @@ def test_out_of_range_gather_writes_zeros(unchecked):
 
 
 def test_wrong_output_size_stays_in_bounds(unchecked):
+    """A too-large output_size yields in-range values; the kernel writes only [0, output_size)."""
+    from flaggems.plugins.generic import repeat_interleave as ri
+
     repeats = torch.tensor([2, 1], device=DEV)
-    guard = torch.full((8,), -7, device=DEV, dtype=torch.int64)
-    out = guard[2:5]  # not used by the op: just proves the allocator's neighbours are untouched
-    result = torch.repeat_interleave(repeats, output_size=5)
-    assert result.shape == (5,) and torch.equal(result[:3], torch.tensor([0, 0, 1], device=DEV))
-    assert bool((result >= 0).all() & (result < 2).all())
-    assert torch.equal(out, torch.full((3,), -7, device=DEV, dtype=torch.int64))
+    buffer = torch.full((9,), -7, device=DEV, dtype=torch.int64)
+    out = buffer[2:7]  # the kernel is launched on a view: its neighbours must stay -7
+    cumsum = torch.cumsum(repeats, 0)
+    ri._launcher(False)((1,), cumsum, out, out, 5, 2, 2, 0)
+    assert out[:3].tolist() == [0, 0, 1] and bool(((out >= 0) & (out < 2)).all())
+    assert buffer[:2].tolist() == [-7, -7] and buffer[7:].tolist() == [-7, -7]
+    result = torch.repeat_interleave(repeats, output_size=5)  # and through the op
+    assert result.shape == (5,) and bool(((result >= 0) & (result < 2)).all())
 
 
 def test_composite_overloads_keep_autograd():
