@@ -50,13 +50,14 @@ class PluginRecord:
         }
 
 
-def _distribution_of(entry_point: importlib.metadata.EntryPoint) -> tuple[str, str]:
-    """Find the distribution that declares ``entry_point`` (name, version)."""
+def _distribution_index() -> dict[tuple[str, str], tuple[str, str]]:
+    """``(entry-point name, value) -> (distribution, version)`` for the group (scans metadata: slow)."""
+    index: dict[tuple[str, str], tuple[str, str]] = {}
     for dist in importlib.metadata.distributions():
         for ep in dist.entry_points:
-            if ep.group == ENTRY_POINT_GROUP and ep.name == entry_point.name and ep.value == entry_point.value:
-                return dist.metadata["Name"] or "", dist.version or ""
-    return "", ""
+            if ep.group == ENTRY_POINT_GROUP:
+                index[(ep.name, ep.value)] = (dist.metadata["Name"] or "", dist.version or "")
+    return index
 
 
 def _list_entry_points() -> list[importlib.metadata.EntryPoint]:
@@ -99,13 +100,12 @@ class PluginManager:
         try:
             plugin = ep.load()
         except Exception as exc:  # noqa: BLE001 - isolation is the point
-            dist, version = _distribution_of(ep)
+            dist, version = _distribution_index().get((ep.name, ep.value), ("", ""))
             record = PluginRecord(ep.name, ep.value, dist, version)
             self._fail(record, f"import failed: {type(exc).__name__}: {exc}")
             return
-        record = PluginRecord(ep.name, ep.value)
-        record.distribution, record.version = _distribution_of_lazy(ep)
-        self.register(plugin, ep.name, record)
+        # Distribution and version are looked up only when shown (fill_distributions).
+        self.register(plugin, ep.name, PluginRecord(ep.name, ep.value))
 
     def register(self, plugin: Any, name: str, record: PluginRecord | None = None) -> PluginRecord:
         """Register ``plugin`` (module or object with hookimpls) under ``name``.
@@ -176,24 +176,12 @@ class PluginManager:
         return [name for name, rec in self.records.items() if rec.status == "loaded"]
 
 
-def _distribution_of_lazy(ep: importlib.metadata.EntryPoint) -> tuple[str, str]:
-    """Distribution name/version from the entry point, if stevedore kept it."""
-    dist = getattr(ep, "dist", None)
-    if dist is not None:
-        return dist.metadata["Name"] or "", dist.version or ""
-    return "", ""
-
-
 def fill_distributions(records: dict[str, PluginRecord]) -> None:
     """Look up distribution name/version for records that lack it (slow: scans metadata)."""
     missing = [r for r in records.values() if not r.distribution]
     if not missing:
         return
-    index: dict[tuple[str, str], tuple[str, str]] = {}
-    for dist in importlib.metadata.distributions():
-        for ep in dist.entry_points:
-            if ep.group == ENTRY_POINT_GROUP:
-                index[(ep.name, ep.value)] = (dist.metadata["Name"] or "", dist.version or "")
+    index = _distribution_index()
     for record in missing:
         record.distribution, record.version = index.get((record.name, record.target), ("", ""))
 
