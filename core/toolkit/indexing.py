@@ -38,6 +38,7 @@ INT32_LIMIT = 2**31
 TILE = 4096
 #: Widest column block (elements of the inner dimensions per program).
 MAX_COLS = 1024
+NUM_WARPS = 4
 
 # Runtime scalars Triton must not specialise (a new shape never compiles).
 _SCALARS = ("outer0", "outer1", "rows", "inner1", "cols", "col_tiles", "dim_size",
@@ -135,7 +136,7 @@ def _launcher(**constexprs: int | bool) -> FastLauncher:
     key = tuple(sorted(constexprs.items()))
     launcher = _LAUNCHERS.get(key)
     if launcher is None:
-        launcher = _LAUNCHERS[key] = FastLauncher(index_along_dim_kernel, constexprs, num_warps=4)
+        launcher = _LAUNCHERS[key] = FastLauncher(index_along_dim_kernel, constexprs, num_warps=NUM_WARPS)
     return launcher
 
 

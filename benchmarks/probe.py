@@ -1,0 +1,290 @@
+"""Tuning probe for the GPU: where the time of the slow seed workloads goes.
+
+Not a benchmark of record (``flaggems bench`` is): this times components and
+sweeps the tile constants the kernels read from their modules, so a choice in
+the code can cite a measured number.
+
+    python benchmarks/probe.py [--json PATH] [--only repeat,group_norm,index]
+
+Sections:
+
+* ``repeat``: ``repeat_interleave`` with ``output_size``, fused single launch
+  vs cumsum + search, kernel time (``do_bench``) and host time per call.
+* ``group_norm``: forward, backward and ``F.group_norm`` forward+backward;
+  per-kernel GPU time from the profiler; a sweep of ``TILE`` x ``NUM_WARPS`` x
+  ``PROGRAMS_PER_SM``.
+* ``index``: index_select / index_copy tile sweeps (``TILE``, ``MAX_COLS``,
+  ``NUM_WARPS`` of ``flaggems.toolkit.indexing``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import statistics
+import time
+import traceback
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F  # noqa: N812
+import triton
+
+import flaggems
+from flaggems.toolkit import checks
+
+RESULTS: dict[str, object] = {}
+
+
+def kernel_us(fn: Callable[[], object]) -> float:
+    """Median ``do_bench`` time in µs (L2 flushed between calls)."""
+    return triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median") * 1e3
+
+
+def host_us(fn: Callable[[], object], calls: int = 300) -> float:
+    """Wall time per call of back-to-back calls (median of 5 rounds), synchronised per round."""
+    fn()
+    torch.cuda.synchronize()
+    rounds = []
+    for _ in range(5):
+        start = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        torch.cuda.synchronize()
+        rounds.append((time.perf_counter() - start) / calls * 1e6)
+    return statistics.median(rounds)
+
+
+def both(name: str, fn: Callable[[], object], routed: bool = True) -> dict[str, float]:
+    """Kernel and host time of ``fn``, natively and through flaggems."""
+    row = {}
+    flaggems.disable()
+    row["torch_us"], row["torch_wall_us"] = kernel_us(fn), host_us(fn)
+    if routed:
+        flaggems.enable()
+        row["ours_us"], row["ours_wall_us"] = kernel_us(fn), host_us(fn)
+        flaggems.disable()
+        row["speedup"] = row["torch_us"] / row["ours_us"]
+    print(f"{name:70s} " + " ".join(f"{k}={v:.2f}" for k, v in row.items()), flush=True)
+    RESULTS[name] = row
+    return row
+
+
+def ours(name: str, fn: Callable[[], object]) -> float:
+    """Kernel time of ``fn`` through flaggems."""
+    flaggems.enable()
+    try:
+        value = kernel_us(fn)
+    finally:
+        flaggems.disable()
+    print(f"{name:70s} ours_us={value:.2f}", flush=True)
+    RESULTS[name] = value
+    return value
+
+
+# --------------------------------------------------------------------------- repeat_interleave
+def probe_repeat() -> None:
+    from flaggems.plugins.generic import repeat_interleave as ri
+
+    for rows, items in ((17096, 854524), (60000, 3_000_000), (17096, 50_000_000), (1000, 20_000_000)):
+        repeats = torch.full((rows,), items // rows, dtype=torch.int64, device="cuda")
+        repeats[: items % rows] += 1
+        x = torch.arange(rows, device="cuda")
+        half = torch.randn(rows, device="cuda").to(torch.bfloat16)
+        cases = {
+            "Tensor": lambda r=repeats, k=items: torch.repeat_interleave(r, output_size=k),
+            "values": lambda r=repeats, k=items, v=x: torch.repeat_interleave(v, r, output_size=k),
+            "values bf16": lambda r=repeats, k=items, v=half: torch.repeat_interleave(v, r, output_size=k),
+        }
+        for label, fn in cases.items():
+            both(f"repeat {label} known {rows}->{items} fused", fn)
+            saved = ri.FUSED_MAX_ROWS
+            ri.FUSED_MAX_ROWS = -1
+            try:
+                ours(f"repeat {label} known {rows}->{items} cumsum+search", fn)
+            finally:
+                ri.FUSED_MAX_ROWS = saved
+    y = torch.randn(4096, 64, device="cuda").to(torch.bfloat16)
+    both("repeat self_int 4096x64 x4", lambda: y.repeat_interleave(4, dim=0))
+
+
+# --------------------------------------------------------------------------- group_norm
+GN_CONFIGS = (
+    ((8, 256, 64, 64), 32, torch.float32, True),
+    ((2, 320, 64, 64), 32, torch.float32, False),
+    ((2, 320, 64, 64), 32, torch.float32, True),
+    ((4, 512, 128, 128), 32, torch.bfloat16, False),
+    ((2, 64, 16, 32, 32), 32, torch.float32, False),
+)
+
+
+def _gn_inputs(shape, groups, dtype, channels_last):
+    x = torch.randn(shape, device="cuda", dtype=dtype)
+    if channels_last:
+        x = x.contiguous(memory_format=torch.channels_last)
+    C = shape[1]
+    w = 1 + 0.1 * torch.randn(C, device="cuda", dtype=dtype)
+    b = 0.1 * torch.randn(C, device="cuda", dtype=dtype)
+    dy = torch.randn(shape, device="cuda", dtype=dtype)
+    return x, w, b, dy
+
+
+def _gn_label(shape, groups, dtype, channels_last) -> str:
+    return f"{'CL' if channels_last else 'contig'} {'x'.join(map(str, shape))} G{groups} {str(dtype)[6:]}"
+
+
+def _gn_calls(shape, groups, dtype, channels_last):
+    x, w, b, dy = _gn_inputs(shape, groups, dtype, channels_last)
+    N, C = shape[0], shape[1]
+    HxW = x.numel() // (N * C)
+    xc = x.contiguous()
+    flaggems.disable()
+    _, mean, rstd = torch.ops.aten.native_group_norm(xc, w, b, N, C, HxW, groups, 1e-5)
+    dyc = dy.contiguous()
+    xl, wl, bl = (t.detach().clone().requires_grad_(True) for t in (x, w, b))
+    dyl = dy.contiguous(memory_format=torch.channels_last) if channels_last else dy
+
+    def fwd():
+        return torch.ops.aten.native_group_norm(x, w, b, N, C, HxW, groups, 1e-5)
+
+    def fwd_contig():
+        return torch.ops.aten.native_group_norm(xc, w, b, N, C, HxW, groups, 1e-5)
+
+    def bwd():
+        return torch.ops.aten.native_group_norm_backward(dyc, xc, mean, rstd, w, N, C, HxW, groups,
+                                                        [True, True, True])
+
+    def fwd_bwd():
+        y = F.group_norm(xl, groups, wl, bl, 1e-5)
+        return torch.autograd.grad(y, (xl, wl, bl), dyl)
+
+    return {"fwd": fwd, "fwd contiguous x": fwd_contig, "bwd": bwd, "fwd+bwd": fwd_bwd}
+
+
+def _profile_kernels(fn: Callable[[], object]) -> dict[str, float]:
+    """GPU µs per kernel name for one call of ``fn`` (mean of 20 calls)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    flaggems.enable()
+    try:
+        fn()
+        torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            for _ in range(20):
+                fn()
+            torch.cuda.synchronize()
+    finally:
+        flaggems.disable()
+    times: dict[str, float] = {}
+    for event in prof.key_averages():
+        total = getattr(event, "device_time_total", None) or getattr(event, "cuda_time_total", 0)
+        if total:
+            times[event.key[:60]] = total / 20
+    return times
+
+
+def probe_group_norm() -> None:
+    for config in GN_CONFIGS:
+        label = _gn_label(*config)
+        calls = _gn_calls(*config)
+        for part, fn in calls.items():
+            both(f"gn {label} {part}", fn)
+        for part in ("fwd", "bwd", "fwd+bwd"):
+            kernels = _profile_kernels(calls[part])
+            RESULTS[f"gn {label} {part} kernels"] = kernels
+            print(f"   kernels {part}: " + ", ".join(f"{k}={v:.1f}" for k, v in sorted(kernels.items())), flush=True)
+
+
+def probe_group_norm_sweep() -> None:
+    from flaggems.plugins.generic import group_norm as gn
+
+    saved = (gn.TILE, gn.NUM_WARPS, gn.PROGRAMS_PER_SM)
+    try:
+        for tile, warps, per_sm in itertools.product((2048, 4096, 8192), (4, 8), (2, 4, 8)):
+            gn.TILE, gn.NUM_WARPS, gn.PROGRAMS_PER_SM = tile, warps, per_sm
+            gn._launcher.cache_clear()
+            gn._target_programs.cache_clear()
+            gn._FORWARD_PLANS.clear()
+            gn._BACKWARD_PLANS.clear()
+            for config in GN_CONFIGS:
+                calls = _gn_calls(*config)
+                for part in ("fwd", "bwd"):
+                    ours(f"gn sweep tile={tile} warps={warps} per_sm={per_sm} {_gn_label(*config)} {part}",
+                         calls[part])
+    finally:
+        gn.TILE, gn.NUM_WARPS, gn.PROGRAMS_PER_SM = saved
+        gn._launcher.cache_clear()
+        gn._target_programs.cache_clear()
+        gn._FORWARD_PLANS.clear()
+        gn._BACKWARD_PLANS.clear()
+
+
+# --------------------------------------------------------------------------- index family
+def _index_cases() -> dict[str, Callable[[], object]]:
+    gen = torch.Generator(device="cuda").manual_seed(1)
+    cases = {}
+    for dtype in (torch.float16, torch.float32):
+        name = str(dtype)[6:]
+        x = torch.randn(4096, 4096, device="cuda", dtype=dtype)
+        idx = torch.randperm(4096, generator=gen, device="cuda")[:2048]
+        src1 = torch.randn(4096, 2048, device="cuda", dtype=dtype)
+        big = torch.randn(64, 512, 512, device="cuda", dtype=dtype)
+        idx3 = torch.randperm(512, generator=gen, device="cuda")[:256]
+        src3 = torch.randn(64, 256, 512, device="cuda", dtype=dtype)
+        cases[f"index_select dim0 4096^2 {name}"] = lambda x=x, idx=idx: x.index_select(0, idx)
+        cases[f"index_select dim1 4096^2 {name}"] = lambda x=x, idx=idx: x.index_select(1, idx)
+        cases[f"index_copy dim1 4096^2 {name}"] = lambda x=x, idx=idx, s=src1: x.index_copy(1, idx, s)
+        cases[f"index_copy_ dim1 4096^2 {name}"] = lambda x=x, idx=idx, s=src1: x.index_copy_(1, idx, s)
+        sorted_idx = idx.sort().values
+        cases[f"index_copy_ dim1 4096^2 sorted {name}"] = lambda x=x, idx=sorted_idx, s=src1: x.index_copy_(1, idx, s)
+        cases[f"index_copy dim1 64x512x512 {name}"] = lambda b=big, idx=idx3, s=src3: b.index_copy(1, idx, s)
+    y = torch.randn(4096, 64, device="cuda").to(torch.bfloat16)
+    cases["repeat self_int 4096x64 x4 bf16"] = lambda: y.repeat_interleave(4, dim=0)
+    return cases
+
+
+def probe_index() -> None:
+    from flaggems.toolkit import indexing
+
+    cases = _index_cases()
+    for name, fn in cases.items():
+        both(name, fn)
+    saved = (indexing.TILE, indexing.MAX_COLS, indexing.NUM_WARPS)
+    try:
+        for tile, cols, warps in itertools.product((2048, 4096, 8192, 16384), (1024, 4096), (4, 8)):
+            indexing.TILE, indexing.MAX_COLS, indexing.NUM_WARPS = tile, cols, warps
+            indexing._PLANS.clear()
+            indexing._LAUNCHERS.clear()
+            for name, fn in cases.items():
+                ours(f"index sweep tile={tile} cols={cols} warps={warps} {name}", fn)
+    finally:
+        indexing.TILE, indexing.MAX_COLS, indexing.NUM_WARPS = saved
+        indexing._PLANS.clear()
+        indexing._LAUNCHERS.clear()
+
+
+SECTIONS = {"repeat": (probe_repeat,), "group_norm": (probe_group_norm, probe_group_norm_sweep),
+            "index": (probe_index,)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--json", default=None)
+    parser.add_argument("--only", default=",".join(SECTIONS))
+    args = parser.parse_args()
+    checks.reset()  # the GPU default: FLAGGEMS_CHECK_INDICES unset
+    torch.backends.cudnn.benchmark = False
+    for section in args.only.split(","):
+        for probe in SECTIONS[section]:
+            try:
+                probe()
+            except Exception:  # noqa: BLE001 - one failing section must not lose the others
+                traceback.print_exc()
+            if args.json:
+                with open(args.json, "w") as handle:
+                    json.dump(RESULTS, handle, indent=1, default=str)
+
+
+if __name__ == "__main__":
+    main()
