@@ -3,6 +3,7 @@
 # torch, run the test suite on the GPU, measure the hot path and run the benchmark.
 #   bash benchmarks/gpu_checks.sh [pytest selection...]
 # Writes logs and JSON under $OUT (or ./gpu-out). stevedore comes from .whl/.
+# STEPS picks what runs (default "tests hot_path bench"; "probe" runs benchmarks/probe.py).
 set -uo pipefail
 out=${OUT:-gpu-out}; mkdir -p "$out"
 export PYTHONUNBUFFERED=1
@@ -14,12 +15,25 @@ python3 -m pip install -q --no-deps --no-build-isolation -e . -e flaggems_ascend
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
 python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"
 python3 -m flaggems info
+steps=" ${STEPS:-tests hot_path bench} "
+if [[ $steps == *" tests "* ]]; then
 echo "== pytest"
-FLAGGEMS_CHECK_INDICES=1 timeout 330 python3 -m pytest -q -p no:cacheprovider --maxfail=25 \
+FLAGGEMS_CHECK_INDICES=1 timeout ${TEST_TIMEOUT:-330} python3 -m pytest -q -p no:cacheprovider --maxfail=25 \
   --ignore=tests/test_packaging.py "${@:-tests}" >"$out/pytest.log" 2>&1
 echo "pytest exit $?"; grep -E "^(FAILED|ERROR)|passed|failed" "$out/pytest.log" | tail -30
+fi
+if [[ $steps == *" probe "* ]]; then
+echo "== probe"
+timeout ${PROBE_TIMEOUT:-300} python3 benchmarks/probe.py --json "$out/probe.json" ${PROBE_ONLY:+--only $PROBE_ONLY} \
+  >"$out/probe.log" 2>&1
+echo "probe exit $?"
+fi
+if [[ $steps == *" hot_path "* ]]; then
 echo "== hot path"
 timeout 120 python3 benchmarks/hot_path.py --json "$out/hot_path.json"
+fi
+if [[ $steps == *" bench "* ]]; then
 echo "== bench"
 timeout 300 python3 -m flaggems bench --json "$out/bench.json" --plot "$out/bench.png" >"$out/bench.log" 2>&1
 echo "bench exit $?"; tail -80 "$out/bench.log"
+fi

@@ -107,6 +107,28 @@ def probe_repeat() -> None:
                 ri.FUSED_MAX_ROWS = saved
     y = torch.randn(4096, 64, device="cuda").to(torch.bfloat16)
     both("repeat self_int 4096x64 x4", lambda: y.repeat_interleave(4, dim=0))
+    probe_fused_sweep()
+
+
+def probe_fused_sweep() -> None:
+    from flaggems.plugins.generic import repeat_interleave as ri
+
+    rows, items = 17096, 854524
+    repeats = torch.full((rows,), items // rows, dtype=torch.int64, device="cuda")
+    repeats[: items % rows] += 1
+    skewed = torch.zeros(rows, dtype=torch.int64, device="cuda")
+    skewed[rows // 2] = items  # one row holds every output: load balance
+    saved = (ri.FUSED_BLOCK, ri.FUSED_WARPS, ri.ROWS_PER_SPAN_ELEMENT)
+    try:
+        for block, warps, ratio in itertools.product((1024, 2048, 4096), (4, 8, 16), (1, 4, 16)):
+            ri.FUSED_BLOCK, ri.FUSED_WARPS, ri.ROWS_PER_SPAN_ELEMENT = block, warps, ratio
+            ri._LAUNCHERS.clear()
+            for label, r in (("seed", repeats), ("skewed", skewed)):
+                ours(f"fused sweep block={block} warps={warps} ratio={ratio} Tensor {label}",
+                     lambda r=r: torch.repeat_interleave(r, output_size=items))
+    finally:
+        ri.FUSED_BLOCK, ri.FUSED_WARPS, ri.ROWS_PER_SPAN_ELEMENT = saved
+        ri._LAUNCHERS.clear()
 
 
 # --------------------------------------------------------------------------- group_norm

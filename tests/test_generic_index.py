@@ -141,10 +141,11 @@ def test_known_output_size_has_no_host_sync(case, gpu_default_checks):
     rows, items = 17096, 854524
     r = seed_repeats(rows, items, "cuda")
     x = torch.arange(rows, device="cuda")
+    three = torch.tensor(3, device="cuda")  # built before the check: a host-to-device copy synchronises
     run = {
         "values_known": lambda: torch.repeat_interleave(x, r, output_size=items),
         "tensor_known": lambda: torch.repeat_interleave(r, output_size=items),
-        "scalar_tensor_known": lambda: x.repeat_interleave(torch.tensor(3, device="cuda"), output_size=3 * rows),
+        "scalar_tensor_known": lambda: x.repeat_interleave(three, output_size=3 * rows),
         "self_int": lambda: x.repeat_interleave(4, output_size=4 * rows),
     }[case]
     with flaggems.enabled():

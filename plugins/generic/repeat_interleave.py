@@ -104,11 +104,15 @@ def _fused_expand_kernel(repeats, out, values, scratch, n: tl.int64, total: tl.i
         r = r0 + lanes
         live = r < n
         rep = tl.load(repeats + r * repeats_stride, mask=live, other=0).to(tl.int64)
-        start = base + tl.cumsum(rep, 0) - rep
-        count += tl.sum(((start <= p0) & live).to(tl.int64), 0)
-        starts_here = live & (rep > 0) & (start >= p0) & (start < p1)
-        tl.store(marks + start, r.to(marks.dtype.element_ty), mask=starts_here)
-        base += tl.sum(rep, 0)
+        tile_sum = tl.sum(rep, 0)
+        if base + tile_sum <= p0:  # the whole tile starts before the span: count it, no scan
+            count += tl.minimum(n - r0, BLOCK)
+        else:
+            start = base + tl.cumsum(rep, 0) - rep
+            count += tl.sum(((start <= p0) & live).to(tl.int64), 0)
+            starts_here = live & (rep > 0) & (start >= p0) & (start < p1)
+            tl.store(marks + start, r.to(marks.dtype.element_ty), mask=starts_here)
+        base += tile_sum
         r0 += BLOCK
     tl.debug_barrier()  # every mark of the span is visible before it is read
     carry = count - 1
