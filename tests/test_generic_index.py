@@ -50,7 +50,7 @@ def test_wrong_output_size_stays_in_bounds(unchecked):
     buffer = torch.full((9,), -7, device=DEV, dtype=torch.int64)
     out = buffer[2:7]  # the kernel is launched on a view: its neighbours must stay -7
     cumsum = torch.cumsum(repeats, 0)
-    ri._launcher(False)((1,), cumsum, out, out, 5, 2, 2, 0)
+    ri._launcher(False)((1,), cumsum, out, out, 5, 2, 0)
     assert out[:3].tolist() == [0, 0, 1] and bool(((out >= 0) & (out < 2)).all())
     assert buffer[:2].tolist() == [-7, -7] and buffer[7:].tolist() == [-7, -7]
     result = torch.repeat_interleave(repeats, output_size=5)  # and through the op
@@ -58,52 +58,58 @@ def test_wrong_output_size_stays_in_bounds(unchecked):
 
 
 @pytest.fixture
-def small_fused_tiles(monkeypatch):
-    """The fused repeat_interleave kernel with 8-element tiles: many programs and scan steps on tiny inputs."""
+def small_tiles(monkeypatch):
+    """The repeat_interleave kernel with 8-element blocks and a 4-way search: many programs and search steps."""
     from flaggems.plugins.generic import repeat_interleave as ri
 
-    monkeypatch.setattr(ri, "FUSED_BLOCK", 8)
-    monkeypatch.setattr(ri, "ROWS_PER_SPAN_ELEMENT", 1)
+    monkeypatch.setattr(ri, "BLOCK", 8)
+    monkeypatch.setattr(ri, "FANOUT", 4)
     monkeypatch.setattr(ri, "_LAUNCHERS", {})
     return ri
 
 
-FUSED_PATTERNS = {
+EXPAND_PATTERNS = {
     "seed-like": [3, 2] * 20,
     "zeros inside and at both ends": [0, 0, 5, 0, 1, 0, 0, 9, 0, 2, 0, 0],
     "one long row": [0, 1, 37, 1, 0],
     "all ones": [1] * 29,
     "single row": [13],
-    "rows past the last output": [4, 4, 0, 0, 0, 0, 0, 0, 0, 0, 0],
+    "zero rows past the last output": [4, 4] + [0] * 70,
 }
 
 
-@pytest.mark.parametrize("pattern", FUSED_PATTERNS, ids=list(FUSED_PATTERNS))
+@pytest.mark.parametrize("pattern", EXPAND_PATTERNS, ids=list(EXPAND_PATTERNS))
 @pytest.mark.parametrize("dtype", [torch.int64, torch.int32])
-def test_fused_expand_matches_torch(pattern, dtype, unchecked, small_fused_tiles):
-    repeats = torch.tensor(FUSED_PATTERNS[pattern], dtype=dtype, device=DEV)
+def test_expand_matches_torch(pattern, dtype, unchecked, small_tiles):
+    repeats = torch.tensor(EXPAND_PATTERNS[pattern], dtype=dtype, device=DEV)
     total = int(repeats.sum())
     expected = torch.repeat_interleave(repeats.cpu())
     assert torch.equal(torch.repeat_interleave(repeats, output_size=total).cpu(), expected)
-    for values in (torch.arange(100, 100 + repeats.numel(), device=DEV),  # marks kept in the output
-                   torch.randn(repeats.numel(), device=DEV).to(torch.bfloat16),  # marks in a scratch buffer
+    assert torch.equal(torch.repeat_interleave(repeats).cpu(), expected)
+    for values in (torch.arange(100, 100 + repeats.numel(), device=DEV),
+                   torch.randn(repeats.numel(), device=DEV).to(torch.bfloat16),
                    torch.randn(2 * repeats.numel(), dtype=torch.float64, device=DEV)[::2]):  # strided values
         actual = torch.repeat_interleave(values, repeats, output_size=total)
         assert torch.equal(actual.cpu(), values.cpu()[expected.long()])
-    fused = {key[1:] for key in small_fused_tiles._LAUNCHERS if isinstance(key, tuple)}
-    assert fused == {(False, 64 if dtype == torch.int64 else 32), (True, 64), (True, 0)}
+
+
+def test_expand_many_sparse_rows(unchecked):
+    """More rows than FANOUT**2 (a three-step search), most of them empty, at the real block size."""
+    gen = torch.Generator().manual_seed(0)
+    repeats = (torch.rand(70_000, generator=gen) < 0.05).long() * torch.randint(1, 4, (70_000,), generator=gen)
+    expected = torch.repeat_interleave(repeats)
+    actual = torch.repeat_interleave(repeats.to(DEV), output_size=expected.numel())
+    assert torch.equal(actual.cpu(), expected)
 
 
 @pytest.mark.parametrize("size_error", [-5, 7])
-def test_fused_expand_wrong_output_size_stays_in_bounds(size_error, unchecked, small_fused_tiles):
-    """The fused kernel writes only [0, output_size) and only row ids in [0, n), whatever the size given."""
-    ri = small_fused_tiles
+def test_expand_wrong_output_size_stays_in_bounds(size_error, unchecked, small_tiles):
+    """Whatever output_size says, only [0, output_size) is written, with row ids in [0, n)."""
     repeats = torch.tensor([3, 0, 4, 2, 5], device=DEV)
     total = int(repeats.sum()) + size_error
     buffer = torch.full((total + 4,), -7, dtype=torch.int64, device=DEV)
-    out = buffer[2:-2]
-    span = ri._span(5)
-    ri._fused_launcher(False, 64)((-(-total // span),), repeats, out, out, out, 5, total, span, 1, 0)
+    out = buffer[2:-2]  # launched on a view: its neighbours must stay -7
+    small_tiles._launcher(False)((-(-total // 8),), torch.cumsum(repeats, 0), out, out, total, 5, 0)
     assert buffer[:2].tolist() == [-7, -7] and buffer[-2:].tolist() == [-7, -7]
     assert bool(((out >= 0) & (out < 5)).all())
     exact = torch.repeat_interleave(repeats.cpu())
@@ -111,7 +117,7 @@ def test_fused_expand_wrong_output_size_stays_in_bounds(size_error, unchecked, s
     assert torch.equal(out[:common].cpu(), exact[:common])
 
 
-def test_fused_expand_negative_repeats_stay_in_bounds(unchecked, small_fused_tiles):
+def test_expand_negative_repeats_stay_in_bounds(unchecked, small_tiles):
     values = torch.arange(6.0, device=DEV)
     out = torch.repeat_interleave(values, torch.tensor([2, -3, 4, 1, 0, 5], device=DEV), output_size=12)
     assert out.shape == (12,) and bool(((out >= 0) & (out < 6)).all())
