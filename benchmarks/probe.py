@@ -8,13 +8,14 @@ the code can cite a measured number.
 
 Sections:
 
-* ``repeat``: ``repeat_interleave`` with ``output_size``, fused single launch
-  vs cumsum + search, kernel time (``do_bench``) and host time per call.
-* ``group_norm``: forward, backward and ``F.group_norm`` forward+backward;
-  per-kernel GPU time from the profiler; a sweep of ``TILE`` x ``NUM_WARPS`` x
-  ``PROGRAMS_PER_SM``.
-* ``index``: index_select / index_copy tile sweeps (``TILE``, ``MAX_COLS``,
-  ``NUM_WARPS`` of ``flaggems.toolkit.indexing``).
+* ``repeat``: ``repeat_interleave`` at the seed size and larger, kernel time
+  (``do_bench``) and host time per call, torch and flaggems.
+* ``group_norm``: ``F.group_norm`` forward, the native backward and
+  forward+backward; per-kernel GPU time from the profiler.
+  ``group_norm_sweep``: ``TILE`` x ``NUM_WARPS`` x ``PROGRAMS_PER_SM``.
+* ``index``: index_select / index_copy against torch; ``index_sweep``: their
+  tile constants (``TILE``, ``MAX_COLS``, ``NUM_WARPS`` of
+  ``flaggems.toolkit.indexing``).
 """
 
 from __future__ import annotations
@@ -85,8 +86,6 @@ def ours(name: str, fn: Callable[[], object]) -> float:
 
 # --------------------------------------------------------------------------- repeat_interleave
 def probe_repeat() -> None:
-    from flaggems.plugins.generic import repeat_interleave as ri
-
     for rows, items in ((17096, 854524), (60000, 3_000_000), (17096, 50_000_000), (1000, 20_000_000)):
         repeats = torch.full((rows,), items // rows, dtype=torch.int64, device="cuda")
         repeats[: items % rows] += 1
@@ -98,37 +97,10 @@ def probe_repeat() -> None:
             "values bf16": lambda r=repeats, k=items, v=half: torch.repeat_interleave(v, r, output_size=k),
         }
         for label, fn in cases.items():
-            both(f"repeat {label} known {rows}->{items} fused", fn)
-            saved = ri.FUSED_MAX_ROWS
-            ri.FUSED_MAX_ROWS = -1
-            try:
-                ours(f"repeat {label} known {rows}->{items} cumsum+search", fn)
-            finally:
-                ri.FUSED_MAX_ROWS = saved
+            both(f"repeat {label} known {rows}->{items}", fn)
+        both(f"repeat Tensor dynamic {rows}->{items}", lambda r=repeats: torch.repeat_interleave(r))
     y = torch.randn(4096, 64, device="cuda").to(torch.bfloat16)
     both("repeat self_int 4096x64 x4", lambda: y.repeat_interleave(4, dim=0))
-    probe_fused_sweep()
-
-
-def probe_fused_sweep() -> None:
-    from flaggems.plugins.generic import repeat_interleave as ri
-
-    rows, items = 17096, 854524
-    repeats = torch.full((rows,), items // rows, dtype=torch.int64, device="cuda")
-    repeats[: items % rows] += 1
-    skewed = torch.zeros(rows, dtype=torch.int64, device="cuda")
-    skewed[rows // 2] = items  # one row holds every output: load balance
-    saved = (ri.FUSED_BLOCK, ri.FUSED_WARPS, ri.ROWS_PER_SPAN_ELEMENT)
-    try:
-        for block, warps, ratio in itertools.product((1024, 2048, 4096), (4, 8, 16), (1, 4, 16)):
-            ri.FUSED_BLOCK, ri.FUSED_WARPS, ri.ROWS_PER_SPAN_ELEMENT = block, warps, ratio
-            ri._LAUNCHERS.clear()
-            for label, r in (("seed", repeats), ("skewed", skewed)):
-                ours(f"fused sweep block={block} warps={warps} ratio={ratio} Tensor {label}",
-                     lambda r=r: torch.repeat_interleave(r, output_size=items))
-    finally:
-        ri.FUSED_BLOCK, ri.FUSED_WARPS, ri.ROWS_PER_SPAN_ELEMENT = saved
-        ri._LAUNCHERS.clear()
 
 
 # --------------------------------------------------------------------------- group_norm
@@ -168,7 +140,7 @@ def _gn_calls(shape, groups, dtype, channels_last):
     dyl = dy.contiguous(memory_format=torch.channels_last) if channels_last else dy
 
     def fwd():
-        return torch.ops.aten.native_group_norm(x, w, b, N, C, HxW, groups, 1e-5)
+        return F.group_norm(x, groups, w, b, 1e-5)
 
     def fwd_contig():
         return torch.ops.aten.native_group_norm(xc, w, b, N, C, HxW, groups, 1e-5)
@@ -181,7 +153,7 @@ def _gn_calls(shape, groups, dtype, channels_last):
         y = F.group_norm(xl, groups, wl, bl, 1e-5)
         return torch.autograd.grad(y, (xl, wl, bl), dyl)
 
-    return {"fwd": fwd, "fwd contiguous x": fwd_contig, "bwd": bwd, "fwd+bwd": fwd_bwd}
+    return {"fwd": fwd, "native fwd contiguous x": fwd_contig, "bwd": bwd, "fwd+bwd": fwd_bwd}
 
 
 def _profile_kernels(fn: Callable[[], object]) -> dict[str, float]:
@@ -267,11 +239,16 @@ def _index_cases() -> dict[str, Callable[[], object]]:
 
 
 def probe_index() -> None:
-    from flaggems.toolkit import indexing
 
     cases = _index_cases()
     for name, fn in cases.items():
         both(name, fn)
+
+
+def probe_index_sweep() -> None:
+    from flaggems.toolkit import indexing
+
+    cases = _index_cases()
     saved = (indexing.TILE, indexing.MAX_COLS, indexing.NUM_WARPS)
     try:
         for tile, cols, warps in itertools.product((4096, 8192, 16384), (1024, 4096), (4, 8)):
@@ -286,14 +263,14 @@ def probe_index() -> None:
         indexing._LAUNCHERS.clear()
 
 
-SECTIONS = {"repeat": (probe_repeat,), "group_norm": (probe_group_norm, probe_group_norm_sweep),
-            "index": (probe_index,)}
+SECTIONS = {"repeat": (probe_repeat,), "group_norm": (probe_group_norm,), "group_norm_sweep": (probe_group_norm_sweep,),
+            "index": (probe_index,), "index_sweep": (probe_index_sweep,)}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--json", default=None)
-    parser.add_argument("--only", default=",".join(SECTIONS))
+    parser.add_argument("--only", default="repeat,group_norm,index")
     args = parser.parse_args()
     checks.reset()  # the GPU default: FLAGGEMS_CHECK_INDICES unset
     torch.backends.cudnn.benchmark = False

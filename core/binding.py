@@ -188,6 +188,9 @@ def _number_check(native: NativeKernel) -> tuple[int, Callable[[tuple], bool] | 
     if not rest:
         return first, None
     numbers = _PY_NUMBER_CLASSES
+    if len(rest) == 1:  # the common case (index_select, index_copy_...): no generator (~1 µs)
+        second = rest[0]
+        return first, lambda args: len(args) > second and args[second].__class__ in numbers
     return first, lambda args: any(len(args) > i and args[i].__class__ in numbers for i in rest)
 
 

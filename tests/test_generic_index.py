@@ -201,3 +201,46 @@ def test_index_copy_beyond_2_31_elements():
         picked = big.index_select(0, index)
     assert picked.tolist() == [1, 2, 3]
     assert int(big.sum()) == 6
+
+
+@pytest.fixture
+def sorted_scatter(monkeypatch):
+    """index_copy's sorted path at test sizes."""
+    from flaggems.plugins.generic import index_copy as ic
+
+    monkeypatch.setattr(ic, "SORTED_MIN_ELEMENTS", 1)
+    calls = []
+    original = ic._scatter_sorted
+    monkeypatch.setattr(ic, "_scatter_sorted", lambda *a: calls.append(1) or original(*a))
+    return calls
+
+
+@pytest.mark.parametrize("layout", ["matrix dim1", "3d last dim", "transposed self", "1d"])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32, torch.int64])
+def test_sorted_scatter_matches_torch(layout, dtype, sorted_scatter):
+    gen = torch.Generator().manual_seed(3)
+    shape, dim = {"matrix dim1": ((6, 40), 1), "3d last dim": ((3, 4, 33), 2), "transposed self": ((40, 6), 1),
+                  "1d": ((50,), 0)}[layout]
+    base = torch.randn(shape, generator=gen).to(dtype)
+    self_ = base.t().contiguous().t() if layout == "transposed self" else base
+    index = torch.randperm(shape[dim], generator=gen)[: shape[dim] // 2]
+    source_shape = list(shape)
+    source_shape[dim] = index.numel()
+    source = torch.randn(source_shape, generator=gen).to(dtype)
+    expected = self_.index_copy(dim, index, source)
+    with flaggems.enabled():
+        out_of_place = self_.to(DEV).index_copy(dim, index.to(DEV), source.to(DEV))
+        in_place = self_.to(DEV).clone()
+        in_place.index_copy_(dim, index.to(DEV), source.to(DEV))
+    assert sorted_scatter, "the sorted path did not run"
+    assert torch.equal(out_of_place.cpu(), expected) and torch.equal(in_place.cpu(), expected)
+
+
+def test_sorted_scatter_duplicates_pick_a_candidate(sorted_scatter, unchecked):
+    self_ = torch.zeros(3, 8, device=DEV)
+    source = torch.arange(1.0, 19.0, device=DEV).reshape(3, 6)
+    self_.index_copy_(1, torch.tensor([5, 0, 5, 2, 5, 7], device=DEV), source)
+    assert sorted_scatter
+    for row in range(3):
+        assert self_[row, 5].item() in {source[row, 0].item(), source[row, 2].item(), source[row, 4].item()}
+        assert self_[row, 0].item() == source[row, 1].item() and self_[row, 7].item() == source[row, 5].item()
