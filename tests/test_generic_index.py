@@ -50,7 +50,7 @@ def test_wrong_output_size_stays_in_bounds(unchecked):
     buffer = torch.full((9,), -7, device=DEV, dtype=torch.int64)
     out = buffer[2:7]  # the kernel is launched on a view: its neighbours must stay -7
     cumsum = torch.cumsum(repeats, 0)
-    ri._launcher(False)((1,), cumsum, out, out, 5, 2, 0)
+    ri._launcher(False)((1,), cumsum, out, out, 5, 2, ri._rank_steps(2), 0)
     assert out[:3].tolist() == [0, 0, 1] and bool(((out >= 0) & (out < 2)).all())
     assert buffer[:2].tolist() == [-7, -7] and buffer[7:].tolist() == [-7, -7]
     result = torch.repeat_interleave(repeats, output_size=5)  # and through the op
@@ -109,7 +109,8 @@ def test_expand_wrong_output_size_stays_in_bounds(size_error, unchecked, small_t
     total = int(repeats.sum()) + size_error
     buffer = torch.full((total + 4,), -7, dtype=torch.int64, device=DEV)
     out = buffer[2:-2]  # launched on a view: its neighbours must stay -7
-    small_tiles._launcher(False)((-(-total // 8),), torch.cumsum(repeats, 0), out, out, total, 5, 0)
+    small_tiles._launcher(False)((-(-total // 8),), torch.cumsum(repeats, 0), out, out, total, 5,
+                                 small_tiles._rank_steps(5), 0)
     assert buffer[:2].tolist() == [-7, -7] and buffer[-2:].tolist() == [-7, -7]
     assert bool(((out >= 0) & (out < 5)).all())
     exact = torch.repeat_interleave(repeats.cpu())

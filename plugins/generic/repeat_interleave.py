@@ -45,17 +45,19 @@ FANOUT = 256
 
 
 @triton.jit
-def _rank(ends, n, targets, FANOUT: tl.constexpr):
+def _rank(ends, n, targets, steps, FANOUT: tl.constexpr):
     """For each target, the first row whose end exceeds it (``n`` if none): a ``FANOUT``-ary search.
 
     ``ends`` is non-decreasing for valid repeats; for invalid ones the result
-    is still in ``[0, n]`` and every load in bounds. Each step samples
-    ``FANOUT`` ends of the live range and keeps the gap the target falls in.
+    is still in ``[0, n]`` and every load in bounds. Each of ``steps``
+    (``ceil(log_FANOUT(n + 1))``, from the host) samples ``FANOUT`` ends of the
+    live range and keeps the gap the target falls in. Fixed trip counts: a
+    ``while`` on a block-wide condition costs a reduction per step.
     """
     lo = targets * 0
     hi = lo + n
     lanes = tl.arange(0, FANOUT)
-    while tl.max(hi - lo, 0) > 0:
+    for _ in range(steps):
         width = hi - lo
         live = width > 0
         at = lo[:, None] + (lanes[None, :] * width[:, None]) // FANOUT
@@ -69,20 +71,22 @@ def _rank(ends, n, targets, FANOUT: tl.constexpr):
     return lo
 
 
-@triton.jit(do_not_specialize=("total", "n", "values_stride"))
-def _expand_kernel(ends, out, values, total: tl.int64, n: tl.int64, values_stride: tl.int64,
+@triton.jit(do_not_specialize=("total", "n", "rank_steps", "values_stride"))
+def _expand_kernel(ends, out, values, total: tl.int64, n: tl.int64, rank_steps, values_stride: tl.int64,
                    BLOCK: tl.constexpr, FANOUT: tl.constexpr, GATHER: tl.constexpr):
     """``out[p]`` = the row ``i`` with ``ends[i-1] <= p < ends[i]`` (or ``values[i]`` when gathering)."""
     p0 = tl.program_id(0).to(tl.int64) * BLOCK
     p = p0 + tl.arange(0, BLOCK)
     live = p < total
     edge = tl.arange(0, 2)
-    rows = _rank(ends, n, tl.where(edge == 0, p0, tl.minimum(p0 + BLOCK, total) - 1), FANOUT)
+    rows = _rank(ends, n, tl.where(edge == 0, p0, tl.minimum(p0 + BLOCK, total) - 1), rank_steps, FANOUT)
     first = tl.sum(tl.where(edge == 0, rows, 0), 0)
-    last = tl.sum(tl.where(edge == 1, rows, 0), 0)
+    last = tl.maximum(tl.sum(tl.where(edge == 1, rows, 0), 0), first)
     lo = tl.zeros((BLOCK,), dtype=tl.int64) + first
-    hi = tl.zeros((BLOCK,), dtype=tl.int64) + tl.maximum(last, first)
-    while tl.max(hi - lo, 0) > 0:  # rows first..last: a few, cached in L1
+    hi = tl.zeros((BLOCK,), dtype=tl.int64) + last
+    # rows first..last (a few, cached in L1): ceil(log2(last - first + 1)) halvings, one spare
+    steps = tl.ceil(tl.log2((last - first + 1).to(tl.float32))).to(tl.int32) + 1
+    for _ in range(steps):
         mid = (lo + hi) // 2
         right = tl.load(ends + mid, mask=live & (mid < hi), other=0) <= p
         lo = tl.where(right & (mid < hi), mid + 1, lo)
@@ -92,6 +96,14 @@ def _expand_kernel(ends, out, values, total: tl.int64, n: tl.int64, values_strid
         tl.store(out + p, tl.load(values + row * values_stride, mask=live), mask=live)
     else:
         tl.store(out + p, row.to(out.dtype.element_ty), mask=live)
+
+
+def _rank_steps(n: int) -> int:
+    """Steps of the ``FANOUT``-ary search over ``n`` ends: ``ceil(log_FANOUT(n + 1))``."""
+    steps, reach = 1, FANOUT
+    while reach < n + 1:
+        steps, reach = steps + 1, reach * FANOUT
+    return steps
 
 
 _LAUNCHERS: dict[bool, FastLauncher] = {}
@@ -127,7 +139,7 @@ def _expand(repeats: torch.Tensor, output_size: int | None, values: torch.Tensor
     if total:
         gather = values is not None
         _launcher(gather)((triton.cdiv(total, BLOCK),), cumsum, out, values if gather else out, total, n,
-                          values.stride(0) if gather else 0)
+                          _rank_steps(n), values.stride(0) if gather else 0)
     return out
 
 
