@@ -103,6 +103,35 @@ def probe_repeat() -> None:
     both("repeat self_int 4096x64 x4", lambda: y.repeat_interleave(4, dim=0))
 
 
+def probe_repeat_parts() -> None:
+    """The seed's known-size Tensor case taken apart: torch's cumsum, our kernel alone, per-kernel GPU time."""
+    from flaggems.plugins.generic import repeat_interleave as ri
+
+    rows, items = 17096, 854524
+    repeats = torch.full((rows,), items // rows, dtype=torch.int64, device="cuda")
+    repeats[: items % rows] += 1
+    ends = torch.cumsum(repeats, 0)
+    out = torch.empty(items, dtype=torch.int64, device="cuda")
+    grid = (triton.cdiv(items, ri.BLOCK),)
+    both("parts: torch.cumsum alone", lambda: torch.cumsum(repeats, 0), routed=False)
+    ours("parts: expand kernel alone", lambda: ri._launcher(False)(grid, ends, out, out, items, rows,
+                                                                    ri._rank_steps(rows), 0))
+    call = lambda: torch.repeat_interleave(repeats, output_size=items)  # noqa: E731
+    RESULTS["parts: ours kernels"] = kernels = _profile_kernels(call)
+    print("   ours kernels: " + ", ".join(f"{k}={v:.1f}" for k, v in sorted(kernels.items())), flush=True)
+    flaggems.disable()
+    from torch.profiler import ProfilerActivity, profile
+
+    call()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(20):
+            call()
+        torch.cuda.synchronize()
+    native = {e.key[:60]: (getattr(e, "device_time_total", 0) or 0) / 20 for e in prof.key_averages()}
+    RESULTS["parts: torch kernels"] = native
+    print("   torch kernels: " + ", ".join(f"{k}={v:.1f}" for k, v in sorted(native.items()) if v), flush=True)
+
+
 # --------------------------------------------------------------------------- group_norm
 GN_CONFIGS = (
     ((8, 256, 64, 64), 32, torch.float32, True),
@@ -263,7 +292,8 @@ def probe_index_sweep() -> None:
         indexing._LAUNCHERS.clear()
 
 
-SECTIONS = {"repeat": (probe_repeat,), "group_norm": (probe_group_norm,), "group_norm_sweep": (probe_group_norm_sweep,),
+SECTIONS = {"repeat": (probe_repeat,), "repeat_parts": (probe_repeat_parts,), "group_norm": (probe_group_norm,),
+            "group_norm_sweep": (probe_group_norm_sweep,),
             "index": (probe_index,), "index_sweep": (probe_index_sweep,)}
 
 
