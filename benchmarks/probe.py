@@ -219,28 +219,38 @@ def probe_group_norm() -> None:
             print(f"   kernels {part}: " + ", ".join(f"{k}={v:.1f}" for k, v in sorted(kernels.items())), flush=True)
 
 
+def _sweep(module: object, names: tuple[str, ...], grid: tuple[tuple, ...], reset: Callable[[], None],
+           measure: Callable[[str], None]) -> None:
+    """Set ``module``'s constants ``names`` to every point of ``grid``, ``reset`` caches, ``measure(label)``."""
+    saved = tuple(getattr(module, name) for name in names)
+    try:
+        for values in itertools.product(*grid):
+            for name, value in zip(names, values):
+                setattr(module, name, value)
+            reset()
+            measure(" ".join(f"{name.lower()}={value}" for name, value in zip(names, values)))
+    finally:
+        for name, value in zip(names, saved):
+            setattr(module, name, value)
+        reset()
+
+
 def probe_group_norm_sweep() -> None:
     from flaggems.plugins.generic import group_norm as gn
 
-    saved = (gn.TILE, gn.NUM_WARPS, gn.PROGRAMS_PER_SM)
-    try:
-        for tile, warps, per_sm in itertools.product((2048, 4096, 8192), (4, 8), (2, 4)):
-            gn.TILE, gn.NUM_WARPS, gn.PROGRAMS_PER_SM = tile, warps, per_sm
-            gn._launcher.cache_clear()
-            gn._target_programs.cache_clear()
-            gn._FORWARD_PLANS.clear()
-            gn._BACKWARD_PLANS.clear()
-            for config in GN_CONFIGS:
-                calls = _gn_calls(*config)
-                for part in ("fwd", "bwd"):
-                    ours(f"gn sweep tile={tile} warps={warps} per_sm={per_sm} {_gn_label(*config)} {part}",
-                         calls[part])
-    finally:
-        gn.TILE, gn.NUM_WARPS, gn.PROGRAMS_PER_SM = saved
+    def reset() -> None:
         gn._launcher.cache_clear()
         gn._target_programs.cache_clear()
         gn._FORWARD_PLANS.clear()
         gn._BACKWARD_PLANS.clear()
+
+    def measure(label: str) -> None:
+        for config in GN_CONFIGS:
+            calls = _gn_calls(*config)
+            for part in ("fwd", "bwd"):
+                ours(f"gn sweep {label} {_gn_label(*config)} {part}", calls[part])
+
+    _sweep(gn, ("TILE", "NUM_WARPS", "PROGRAMS_PER_SM"), ((2048, 4096, 8192), (4, 8), (2, 4)), reset, measure)
 
 
 # --------------------------------------------------------------------------- index family
@@ -268,7 +278,6 @@ def _index_cases() -> dict[str, Callable[[], object]]:
 
 
 def probe_index() -> None:
-
     cases = _index_cases()
     for name, fn in cases.items():
         both(name, fn)
@@ -278,18 +287,16 @@ def probe_index_sweep() -> None:
     from flaggems.toolkit import indexing
 
     cases = _index_cases()
-    saved = (indexing.TILE, indexing.MAX_COLS, indexing.NUM_WARPS)
-    try:
-        for tile, cols, warps in itertools.product((4096, 8192, 16384), (1024, 4096), (4, 8)):
-            indexing.TILE, indexing.MAX_COLS, indexing.NUM_WARPS = tile, cols, warps
-            indexing._PLANS.clear()
-            indexing._LAUNCHERS.clear()
-            for name, fn in cases.items():
-                ours(f"index sweep tile={tile} cols={cols} warps={warps} {name}", fn)
-    finally:
-        indexing.TILE, indexing.MAX_COLS, indexing.NUM_WARPS = saved
+
+    def reset() -> None:
         indexing._PLANS.clear()
         indexing._LAUNCHERS.clear()
+
+    def measure(label: str) -> None:
+        for name, fn in cases.items():
+            ours(f"index sweep {label} {name}", fn)
+
+    _sweep(indexing, ("TILE", "MAX_COLS", "NUM_WARPS"), ((4096, 8192, 16384), (1024, 4096), (4, 8)), reset, measure)
 
 
 SECTIONS = {"repeat": (probe_repeat,), "repeat_parts": (probe_repeat_parts,), "group_norm": (probe_group_norm,),
