@@ -132,6 +132,31 @@ def probe_repeat_parts() -> None:
     print("   torch kernels: " + ", ".join(f"{k}={v:.1f}" for k, v in sorted(native.items()) if v), flush=True)
 
 
+def probe_repeat_stages() -> None:
+    """Where the expand kernel's time goes: the same 854524 outputs from 1 to 854524 rows.
+
+    Rows per block set the per-element halvings (1 row: one step; 1-item rows:
+    twelve), rows in all set the 256-ary steps (1, 2 or 3). ``fill_`` of the
+    same output is the store-only floor.
+    """
+    from flaggems.plugins.generic import repeat_interleave as ri
+
+    items = 854524
+    out = torch.empty(items, dtype=torch.int64, device="cuda")
+    both("stages: fill_ of the output (store floor)", lambda: out.fill_(1), routed=False)
+    grid, launch = (triton.cdiv(items, ri.BLOCK),), ri._launcher(False)
+    for rows in (1, 200, 418, 17096, 100_000, items):
+        repeats = torch.full((rows,), items // rows, dtype=torch.int64, device="cuda")
+        repeats[: items % rows] += 1
+        ends = torch.cumsum(repeats, 0)
+        steps = ri._rank_steps(rows)
+        ours(f"stages: {rows} rows, rank steps {steps}",
+             lambda e=ends, r=rows, s=steps: launch(grid, e, out, out, items, r, s, 0))
+        RESULTS[f"stages: {rows} rows equal to torch"] = same = bool(torch.equal(
+            out, torch.repeat_interleave(repeats, output_size=items)))
+        print(f"   equal to torch: {same}", flush=True)
+
+
 # --------------------------------------------------------------------------- group_norm
 GN_CONFIGS = (
     ((8, 256, 64, 64), 32, torch.float32, True),
@@ -299,8 +324,8 @@ def probe_index_sweep() -> None:
     _sweep(indexing, ("TILE", "MAX_COLS", "NUM_WARPS"), ((4096, 8192, 16384), (1024, 4096), (4, 8)), reset, measure)
 
 
-SECTIONS = {"repeat": (probe_repeat,), "repeat_parts": (probe_repeat_parts,), "group_norm": (probe_group_norm,),
-            "group_norm_sweep": (probe_group_norm_sweep,),
+SECTIONS = {"repeat": (probe_repeat,), "repeat_parts": (probe_repeat_parts,), "repeat_stages": (probe_repeat_stages,),
+            "group_norm": (probe_group_norm,), "group_norm_sweep": (probe_group_norm_sweep,),
             "index": (probe_index,), "index_sweep": (probe_index_sweep,)}
 
 
