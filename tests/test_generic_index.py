@@ -202,3 +202,14 @@ def test_index_copy_beyond_2_31_elements():
         picked = big.index_select(0, index)
     assert picked.tolist() == [1, 2, 3]
     assert int(big.sum()) == 6
+
+
+@CUDA
+def test_repeat_interleave_beyond_2_31_outputs():
+    """int32 rows past 2**31 outputs: 64-bit positions in the search and the stores (8 GB)."""
+    repeats = torch.tensor([2**30, 0, 2**30 + 100], dtype=torch.int32, device="cuda")
+    with flaggems.enabled():
+        out = torch.repeat_interleave(repeats, output_size=2**31 + 100)
+    assert out.dtype == torch.int32 and out.numel() == 2**31 + 100
+    assert out[2**30 - 2:2**30 + 2].tolist() == [0, 0, 2, 2]
+    assert out[-3:].tolist() == [2, 2, 2] and int(out[:2**30].max()) == 0 and int(out[2**30:].min()) == 2

@@ -178,3 +178,15 @@ def test_unfold_backward_kernel_compiles_for_sm90():
     env.setdefault("TRITON_DEFAULT_FP_FUSION", "1")
     done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0 and done.stdout.strip().endswith("ok"), done.stderr[-3000:]
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA and ~16 GB of device memory")
+def test_unfold_backward_beyond_2_31_elements_on_the_gpu():
+    """Overlapping windows over 2**31 + 64 fp16 elements: 64-bit offsets, against torch's kernel."""
+    n, size, step = 2**31 + 64, 64, 32
+    grad = torch.randn((n - size) // step + 1, size, device="cuda", dtype=torch.float16)
+    expected = A.unfold_backward(grad, [n], 0, size, step)
+    with flaggems.enabled():
+        actual = A.unfold_backward(grad, [n], 0, size, step)
+    for part in (slice(0, 4096), slice(n - 4096, n)):
+        torch.testing.assert_close(actual[part], expected[part])
