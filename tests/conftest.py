@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import os
+import subprocess
 import sys
 
 import pytest
@@ -61,3 +62,15 @@ def dispatch_log(monkeypatch, caplog):
 def ran(caplog) -> set[str]:
     """Dispatch/fallback messages recorded (the interpreter's re-entered internal copies left out)."""
     return {r.getMessage() for r in caplog.records if "re-entered" not in r.getMessage()}
+
+
+def run_compiled(script: str) -> None:
+    """Run ``script`` in a fresh Python without ``TRITON_INTERPRET``; it must print ``ok`` last.
+
+    The sm_90 compile checks use it: Triton compiles for a GPU target without
+    needing one, which the interpreter in this process would skip.
+    """
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env.setdefault("TRITON_DEFAULT_FP_FUSION", "1")
+    done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0 and done.stdout.strip().endswith("ok"), done.stderr[-3000:]

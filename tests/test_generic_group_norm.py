@@ -11,15 +11,12 @@ sm_90 (no GPU needed).
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 import textwrap
 
 import pytest
 import torch
 import torch.nn.functional as F  # noqa: N812 - the usual spelling
-from conftest import ran
+from conftest import ran, run_compiled
 
 import flaggems
 from flaggems import testing
@@ -230,10 +227,7 @@ def test_kernels_compile_for_sm90():
                                       "ws": "*fp32"}, dict(DY_UNIT=1, X_UNIT=1, DX_UNIT=1, HAS_W=True, **tile))
         print("ok")
     """)
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env.setdefault("TRITON_DEFAULT_FP_FUSION", "1")
-    done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0 and done.stdout.strip().endswith("ok"), done.stderr[-3000:]
+    run_compiled(script)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA and ~24 GB of device memory")

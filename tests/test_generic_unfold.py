@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import ran
+from conftest import ran, run_compiled
 
 import flaggems
 from flaggems import testing
@@ -150,9 +150,6 @@ def test_unfold_backward_declines_what_it_does_not_know(dispatch_log):
 def test_unfold_backward_kernel_compiles_for_sm90():
     """The interpreter never compiles: build the gather kernel for an H100/H200 target."""
     pytest.importorskip("triton.backends.nvidia.compiler")
-    import os
-    import subprocess
-    import sys
     import textwrap
 
     script = textwrap.dedent("""
@@ -174,10 +171,7 @@ def test_unfold_backward_kernel_compiles_for_sm90():
             triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4})
         print("ok")
     """)
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env.setdefault("TRITON_DEFAULT_FP_FUSION", "1")
-    done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0 and done.stdout.strip().endswith("ok"), done.stderr[-3000:]
+    run_compiled(script)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA and ~16 GB of device memory")
