@@ -9,11 +9,13 @@
   serial loop). ``torch.cumsum`` gives the row ends; a program finds the rows
   of its first and last element by a ``FANOUT``-ary search (``FANOUT`` ends
   compared per step: two steps for 65536 rows), then each element
-  binary-searches only the rows between those two, which lie in L1. A
-  whole-array binary search per element (the first version) took 29 µs on the
-  seed case and 882 µs on 17096 rows -> 50M items, against torch's 12 and
-  163 µs (H200); a single fused launch that scans ``repeats`` in every program
-  (no cumsum) took 28-95 µs on the seed case: its serial scan dominates.
+  binary-searches only the rows between those two (a few ends, cache-resident).
+  H200, kernel time with torch's in brackets: the seed case 23.8 µs (13.0),
+  17096 rows -> 50M items 275 µs (163); the first version, a whole-array
+  binary search per element, took 28.6 and 882 µs. A single fused launch
+  that scans ``repeats`` in every program (no cumsum) took 28-95 µs on the
+  seed case: its serial scan dominates. Still slower than torch at the seed
+  size: see benchmarks/RESULTS.md (run 2).
 * **Never out of bounds**: a wrong ``output_size`` or a negative repeat can
   only produce unspecified values inside the output. With checks on (CPU
   interpreter, ``FLAGGEMS_CHECK_INDICES=1``) they raise torch's RuntimeError.
