@@ -117,19 +117,9 @@ def probe_repeat_parts() -> None:
     ours("parts: expand kernel alone", lambda: ri._launcher(False)(grid, ends, out, out, items, rows,
                                                                     ri._rank_steps(rows), 0))
     call = lambda: torch.repeat_interleave(repeats, output_size=items)  # noqa: E731
-    RESULTS["parts: ours kernels"] = kernels = _profile_kernels(call)
-    print("   ours kernels: " + ", ".join(f"{k}={v:.1f}" for k, v in sorted(kernels.items())), flush=True)
-    flaggems.disable()
-    from torch.profiler import ProfilerActivity, profile
-
-    call()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(20):
-            call()
-        torch.cuda.synchronize()
-    native = {e.key[:60]: (getattr(e, "device_time_total", 0) or 0) / 20 for e in prof.key_averages()}
-    RESULTS["parts: torch kernels"] = native
-    print("   torch kernels: " + ", ".join(f"{k}={v:.1f}" for k, v in sorted(native.items()) if v), flush=True)
+    for side, routed in (("ours", True), ("torch", False)):
+        RESULTS[f"parts: {side} kernels"] = kernels = _profile_kernels(call, routed)
+        print(f"   {side} kernels: " + ", ".join(f"{k}={v:.1f}" for k, v in sorted(kernels.items())), flush=True)
 
 
 def probe_repeat_stages() -> None:
@@ -210,11 +200,12 @@ def _gn_calls(shape, groups, dtype, channels_last):
     return {"fwd": fwd, "native fwd contiguous x": fwd_contig, "bwd": bwd, "fwd+bwd": fwd_bwd}
 
 
-def _profile_kernels(fn: Callable[[], object]) -> dict[str, float]:
-    """GPU µs per kernel name for one call of ``fn`` (mean of 20 calls)."""
+def _profile_kernels(fn: Callable[[], object], routed: bool = True) -> dict[str, float]:
+    """GPU µs per kernel name for one call of ``fn`` (mean of 20 calls), through flaggems or natively."""
     from torch.profiler import ProfilerActivity, profile
 
-    flaggems.enable()
+    if routed:
+        flaggems.enable()
     try:
         fn()
         torch.cuda.synchronize()
