@@ -243,9 +243,12 @@ def test_beyond_2_31_elements_on_the_gpu():
     for part in (slice(0, 4096), slice(S - 4096, S)):  # the tail lies beyond 2**31
         torch.testing.assert_close(y[:, :, part], native_y[:, :, part], rtol=2e-3, atol=2e-3)
     del y, native_y
-    native_dx = A.native_group_norm_backward(x, x, native_mean, native_rstd, None, N, C, S, 2,
+    # dy independent of x: with dy = x, dx ~ x - x_hat cancels to ~0 and both sides' fp16 rounding
+    # of that difference disagree by more than the tolerance (seen on the H200), proving nothing
+    dy = torch.randn_like(x)
+    native_dx = A.native_group_norm_backward(dy, x, native_mean, native_rstd, None, N, C, S, 2,
                                              [True, False, False])[0]
     with flaggems.enabled():
-        dx = A.native_group_norm_backward(x, x, mean, rstd, None, N, C, S, 2, [True, False, False])[0]
+        dx = A.native_group_norm_backward(dy, x, mean, rstd, None, N, C, S, 2, [True, False, False])[0]
     for part in (slice(0, 4096), slice(S - 4096, S)):
         torch.testing.assert_close(dx[:, :, part], native_dx[:, :, part], rtol=2e-3, atol=2e-3)
