@@ -10,12 +10,15 @@ Sections:
 
 * ``repeat``: ``repeat_interleave`` at the seed size and larger, kernel time
   (``do_bench``) and host time per call, torch and flaggems.
+  ``repeat_stages``: the expand kernel alone from 1 to 854524 rows;
+  ``repeat_sweep``: its ``BLOCK`` x ``SUB`` x ``NUM_WARPS``.
 * ``group_norm``: ``F.group_norm`` forward, the native backward and
   forward+backward; per-kernel GPU time from the profiler.
   ``group_norm_sweep``: ``TILE`` x ``NUM_WARPS`` x ``PROGRAMS_PER_SM``.
-* ``index``: index_select / index_copy against torch; ``index_sweep``: their
-  tile constants (``TILE``, ``MAX_COLS``, ``NUM_WARPS`` of
-  ``flaggems.toolkit.indexing``).
+* ``index``: index_select / index_copy against torch; ``index_sweep``: the
+  small-workload tile constants of ``flaggems.toolkit.indexing``
+  (``MIN_PROGRAMS``, ``MIN_TILE``, ``ELEMENTS_PER_WARP``; run 2 swept
+  ``TILE``, ``MAX_COLS`` and ``NUM_WARPS``).
 """
 
 from __future__ import annotations
@@ -122,29 +125,56 @@ def probe_repeat_parts() -> None:
         print(f"   {side} kernels: " + ", ".join(f"{k}={v:.1f}" for k, v in sorted(kernels.items())), flush=True)
 
 
-def probe_repeat_stages() -> None:
-    """Where the expand kernel's time goes: the same 854524 outputs from 1 to 854524 rows.
-
-    Rows per block set the per-element halvings (1 row: one step; 1-item rows:
-    twelve), rows in all set the 256-ary steps (1, 2 or 3). ``fill_`` of the
-    same output is the store-only floor.
-    """
-    from flaggems.plugins.generic import repeat_interleave as ri
-
-    items = 854524
-    out = torch.empty(items, dtype=torch.int64, device="cuda")
-    both("stages: fill_ of the output (store floor)", lambda: out.fill_(1), routed=False)
-    grid, launch = (triton.cdiv(items, ri.BLOCK),), ri._launcher(False)
+def _stage_cases(items: int) -> dict[int, tuple[torch.Tensor, torch.Tensor]]:
+    """``items`` outputs from 1 to ``items`` rows: (repeats, their cumsum) by row count."""
+    cases = {}
     for rows in (1, 200, 418, 17096, 100_000, items):
         repeats = torch.full((rows,), items // rows, dtype=torch.int64, device="cuda")
         repeats[: items % rows] += 1
-        ends = torch.cumsum(repeats, 0)
+        cases[rows] = repeats, torch.cumsum(repeats, 0)
+    return cases
+
+
+def _time_stages(label: str, items: int, cases: dict[int, tuple[torch.Tensor, torch.Tensor]]) -> None:
+    """The expand kernel alone on each case, and whether it matches torch."""
+    from flaggems.plugins.generic import repeat_interleave as ri
+
+    out = torch.empty(items, dtype=torch.int64, device="cuda")
+    grid, launch = (triton.cdiv(items, ri.BLOCK),), ri._launcher(False)
+    for rows, (repeats, ends) in cases.items():
         steps = ri._rank_steps(rows)
-        ours(f"stages: {rows} rows, rank steps {steps}",
+        ours(f"{label}{items} items {rows} rows",
              lambda e=ends, r=rows, s=steps: launch(grid, e, out, out, items, r, s, 0))
-        RESULTS[f"stages: {rows} rows equal to torch"] = same = bool(torch.equal(
+        RESULTS[f"{label}{items} items {rows} rows equal to torch"] = same = bool(torch.equal(
             out, torch.repeat_interleave(repeats, output_size=items)))
-        print(f"   equal to torch: {same}", flush=True)
+        if not same:
+            print("   NOT equal to torch", flush=True)
+
+
+def probe_repeat_stages() -> None:
+    """Where the expand kernel's time goes: the same 854524 outputs from 1 to 854524 rows.
+
+    Rows per block and per sub-block set the search steps; ``fill_`` of the
+    same output is the store-only floor.
+    """
+    items = 854524
+    out = torch.empty(items, dtype=torch.int64, device="cuda")
+    both("stages: fill_ of the output (store floor)", lambda: out.fill_(1), routed=False)
+    _time_stages("stages: ", items, _stage_cases(items))
+
+
+def probe_repeat_sweep() -> None:
+    """``BLOCK`` x ``SUB`` x ``NUM_WARPS`` of the expand kernel on the stage cases and 50M items."""
+    from flaggems.plugins.generic import repeat_interleave as ri
+
+    small, large = _stage_cases(854524), {17096: _stage_cases(50_000_000)[17096]}
+
+    def measure(label: str) -> None:
+        _time_stages(f"repeat sweep {label} ", 854524, small)
+        _time_stages(f"repeat sweep {label} ", 50_000_000, large)
+
+    _sweep(ri, ("BLOCK", "SUB", "NUM_WARPS"), ((1024, 2048, 4096), (16, 32, 64, 128), (4, 8)),
+           ri._LAUNCHERS.clear, measure)
 
 
 # --------------------------------------------------------------------------- group_norm
@@ -288,6 +318,9 @@ def _index_cases() -> dict[str, Callable[[], object]]:
         sorted_idx = idx.sort().values
         cases[f"index_copy_ dim1 4096^2 sorted {name}"] = lambda x=x, idx=sorted_idx, s=src1: x.index_copy_(1, idx, s)
         cases[f"index_copy dim1 64x512x512 {name}"] = lambda b=big, idx=idx3, s=src3: b.index_copy(1, idx, s)
+    small, small_idx = torch.randn(64, 64, device="cuda"), torch.randperm(64, generator=gen, device="cuda")[:32]
+    small_src = torch.randn(64, 32, device="cuda")
+    cases["index_copy_ dim1 64x64 float32"] = lambda: small.index_copy_(1, small_idx, small_src)
     y = torch.randn(4096, 64, device="cuda").to(torch.bfloat16)
     cases["repeat self_int 4096x64 x4 bf16"] = lambda: y.repeat_interleave(4, dim=0)
     return cases
@@ -312,10 +345,12 @@ def probe_index_sweep() -> None:
         for name, fn in cases.items():
             ours(f"index sweep {label} {name}", fn)
 
-    _sweep(indexing, ("TILE", "MAX_COLS", "NUM_WARPS"), ((4096, 8192, 16384), (1024, 4096), (4, 8)), reset, measure)
+    _sweep(indexing, ("MIN_PROGRAMS", "MIN_TILE", "ELEMENTS_PER_WARP"), ((0, 512, 1024, 2048), (512, 1024, 2048),
+                                                                         (128, 256)), reset, measure)
 
 
 SECTIONS = {"repeat": (probe_repeat,), "repeat_parts": (probe_repeat_parts,), "repeat_stages": (probe_repeat_stages,),
+            "repeat_sweep": (probe_repeat_sweep,),
             "group_norm": (probe_group_norm,), "group_norm_sweep": (probe_group_norm_sweep,),
             "index": (probe_index,), "index_sweep": (probe_index_sweep,)}
 

@@ -44,10 +44,14 @@ def test_out_of_range_gather_writes_zeros(unchecked):
 
 @pytest.fixture
 def small_tiles(monkeypatch):
-    """The repeat_interleave kernel with 8-element blocks and a 4-way search: many programs and search steps."""
+    """The repeat_interleave kernel with 8-element blocks of 2-element sub-blocks and a 4-way search.
+
+    Many programs, and every one of its three searches takes several steps.
+    """
     from flaggems.plugins.generic import repeat_interleave as ri
 
     monkeypatch.setattr(ri, "BLOCK", 8)
+    monkeypatch.setattr(ri, "SUB", 2)
     monkeypatch.setattr(ri, "FANOUT", 4)
     monkeypatch.setattr(ri, "_LAUNCHERS", {})
     return ri

@@ -42,6 +42,11 @@ INT32_LIMIT = 2**31
 TILE = 4096
 MAX_COLS = 4096
 NUM_WARPS = 8
+#: A workload of fewer tiles than this gets smaller tiles (down to ``MIN_TILE`` elements), and
+#: proportionally fewer warps (one per ``ELEMENTS_PER_WARP``): more programs in flight per SM.
+MIN_PROGRAMS = 1024
+MIN_TILE = 1024
+ELEMENTS_PER_WARP = 256
 
 # Runtime scalars Triton must not specialise (a new shape never compiles).
 _SCALARS = ("outer0", "outer1", "rows", "inner1", "cols", "col_tiles", "dim_size",
@@ -135,12 +140,25 @@ class IndexPlan:
 _LAUNCHERS: dict[tuple, FastLauncher] = {}
 
 
-def _launcher(**constexprs: int | bool) -> FastLauncher:
-    key = tuple(sorted(constexprs.items()))
+def _launcher(num_warps: int, **constexprs: int | bool) -> FastLauncher:
+    key = (num_warps, *sorted(constexprs.items()))
     launcher = _LAUNCHERS.get(key)
     if launcher is None:
-        launcher = _LAUNCHERS[key] = FastLauncher(index_along_dim_kernel, constexprs, num_warps=NUM_WARPS)
+        launcher = _LAUNCHERS[key] = FastLauncher(index_along_dim_kernel, constexprs, num_warps=num_warps)
     return launcher
+
+
+def _tile(rows: int, cols: int, min_programs: int) -> tuple[int, int]:
+    """``(BLOCK_R, BLOCK_C)``: ``TILE`` elements, shrunk while the grid has under ``min_programs`` tiles."""
+    block_c = min(triton.next_power_of_2(max(cols, 1)), MAX_COLS)
+    block_r = max(TILE // block_c, 1)
+    while (block_r * block_c > MIN_TILE
+           and triton.cdiv(rows, block_r) * triton.cdiv(cols, block_c) < min_programs):
+        if block_r > 1:
+            block_r //= 2
+        else:
+            block_c //= 2
+    return block_r, block_c
 
 
 def _pad2(sizes: tuple[int, ...], strides: tuple[tuple[int, ...], ...]) -> tuple[tuple[int, int], ...] | None:
@@ -176,8 +194,8 @@ def plan_index(a: torch.Tensor, b: torch.Tensor, dim: int, index: torch.Tensor, 
     j_size = shape[dim]
     rows = o_sizes[0] * o_sizes[1] * j_size
     cols = i_sizes[0] * i_sizes[1]
-    block_c = min(triton.next_power_of_2(max(cols, 1)), MAX_COLS)
-    block_r = max(TILE // block_c, 1)
+    # the CPU interpreter runs programs one after another: there, fewer is faster
+    block_r, block_c = _tile(rows, cols, 0 if a.device.type == "cpu" else MIN_PROGRAMS)
     col_tiles = triton.cdiv(cols, block_c)
     tiles = triton.cdiv(rows, block_r) * col_tiles
     a_unit, b_unit = _unit_inner(i_sizes, i_a), _unit_inner(i_sizes, i_b)
@@ -190,7 +208,8 @@ def plan_index(a: torch.Tensor, b: torch.Tensor, dim: int, index: torch.Tensor, 
     scalars = (o_sizes[0], o_sizes[1], j_size, rows, i_sizes[1], cols, col_tiles, b.shape[dim],
                o_a[0], o_a[1], a_st[dim], i_a[0], i_a[1], o_b[0], o_b[1], b_st[dim], i_b[0], i_b[1],
                index.stride(0) if index.dim() else 0, max(divisor, 1))
-    return IndexPlan(scalars, (tiles,), _launcher(**constexprs))
+    warps = max(min(NUM_WARPS, block_r * block_c // ELEMENTS_PER_WARP), 1)
+    return IndexPlan(scalars, (tiles,), _launcher(warps, **constexprs))
 
 
 def _unit_inner(sizes: tuple[int, int], strides: tuple[int, int]) -> bool:

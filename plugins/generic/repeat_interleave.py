@@ -43,6 +43,9 @@ from flaggems.toolkit.strided import SUPPORTED_DTYPES
 #: case (854524 items) 418 programs, about three resident per multiprocessor on an H200.
 BLOCK = 2048
 NUM_WARPS = 4
+#: Output elements per sub-block: the rows of each sub-block's ends are found first, so an
+#: element's own search spans only the few rows its sub-block touches.
+SUB = 16
 #: Row ends compared per step of the search for a program's first and last row.
 FANOUT = 256
 
@@ -74,27 +77,62 @@ def _rank(ends, n, targets, steps, FANOUT: tl.constexpr):
     return lo
 
 
+@triton.jit
+def _halvings(width):
+    """Halvings that shrink a search interval of ``width`` rows to none: the bit length of ``width``."""
+    steps = width * 0
+    while width > 0:
+        width = width // 2
+        steps += 1
+    return steps
+
+
+@triton.jit
+def _bisect(ends, lo, hi, targets, steps, live):
+    """For each target, the first row in ``[lo, hi)`` whose end exceeds it (``hi`` if none).
+
+    ``steps`` must be at least the bit length of ``hi - lo``; every load stays
+    in ``[lo, hi)``, so invalid (non-monotonic) ends give a row in range.
+    """
+    for _ in range(steps):
+        mid = (lo + hi) // 2
+        open_ = mid < hi
+        right = tl.load(ends + mid, mask=live & open_, other=0) <= targets
+        lo = tl.where(right & open_, mid + 1, lo)
+        hi = tl.where(right, hi, mid)
+    return lo
+
+
 @triton.jit(do_not_specialize=("total", "n", "rank_steps", "values_stride"))
-def _expand_kernel(ends, out, values, total: tl.int64, n: tl.int64, rank_steps, values_stride: tl.int64,
-                   BLOCK: tl.constexpr, FANOUT: tl.constexpr, GATHER: tl.constexpr):
-    """``out[p]`` = the row ``i`` with ``ends[i-1] <= p < ends[i]`` (or ``values[i]`` when gathering)."""
+def _expand_kernel(ends, out, values, total: tl.int64, n, rank_steps, values_stride: tl.int64,
+                   BLOCK: tl.constexpr, SUB: tl.constexpr, FANOUT: tl.constexpr, GATHER: tl.constexpr):
+    """``out[p]`` = the row ``i`` with ``ends[i-1] <= p < ends[i]`` (or ``values[i]`` when gathering).
+
+    Three searches, each narrower: the block's first and last rows among all
+    ``n`` (``_rank``), each sub-block's first and last rows among those, then
+    each element's row among its sub-block's. Row numbers below the block's
+    first row are int32 offsets (the host declines ``n >= 2**31``): the
+    per-element search is most of the kernel's instructions.
+    """
     p0 = tl.program_id(0).to(tl.int64) * BLOCK
-    p = p0 + tl.arange(0, BLOCK)
-    live = p < total
     edge = tl.arange(0, 2)
     rows = _rank(ends, n, tl.where(edge == 0, p0, tl.minimum(p0 + BLOCK, total) - 1), rank_steps, FANOUT)
     first = tl.sum(tl.where(edge == 0, rows, 0), 0)
-    last = tl.maximum(tl.sum(tl.where(edge == 1, rows, 0), 0), first)
-    lo = tl.zeros((BLOCK,), dtype=tl.int64) + first
-    hi = tl.zeros((BLOCK,), dtype=tl.int64) + last
-    # rows first..last (a few, cached in L1): ceil(log2(last - first + 1)) halvings, one spare
-    steps = tl.ceil(tl.log2((last - first + 1).to(tl.float32))).to(tl.int32) + 1
-    for _ in range(steps):
-        mid = (lo + hi) // 2
-        right = tl.load(ends + mid, mask=live & (mid < hi), other=0) <= p
-        lo = tl.where(right & (mid < hi), mid + 1, lo)
-        hi = tl.where(right, hi, mid)
-    row = tl.minimum(lo, n - 1)  # p beyond ends[-1] (a wrong output_size) stays in bounds
+    span = (tl.maximum(tl.sum(tl.where(edge == 1, rows, 0), 0), first) - first).to(tl.int32)
+    base = ends + first
+    sub_p0 = p0 + tl.arange(0, BLOCK // SUB) * SUB
+    sub_live = sub_p0 < total
+    none = tl.zeros((BLOCK // SUB,), dtype=tl.int32)
+    steps = _halvings(span)
+    sub_lo = _bisect(base, none, none + span, sub_p0, steps, sub_live)
+    sub_hi = _bisect(base, none, none + span, tl.minimum(sub_p0 + SUB, total) - 1, steps, sub_live)
+    sub_hi = tl.maximum(sub_hi, sub_lo)
+    p = sub_p0[:, None] + tl.arange(0, SUB)[None, :]
+    live = p < total
+    flat = tl.zeros((1, SUB), dtype=tl.int32)
+    offset = _bisect(base, sub_lo[:, None] + flat, sub_hi[:, None] + flat, p,
+                     _halvings(tl.max(sub_hi - sub_lo, 0)), live)
+    row = tl.minimum(first + offset, n - 1)  # p beyond ends[-1] (a wrong output_size) stays in bounds
     if GATHER:
         result = tl.load(values + row * values_stride, mask=live)
     else:
@@ -120,7 +158,7 @@ def _launcher(gather: bool) -> FastLauncher:
     launcher = _LAUNCHERS.get(gather)
     if launcher is None:
         launcher = _LAUNCHERS[gather] = FastLauncher(
-            _expand_kernel, {"BLOCK": BLOCK, "FANOUT": FANOUT, "GATHER": gather}, num_warps=NUM_WARPS)
+            _expand_kernel, {"BLOCK": BLOCK, "SUB": SUB, "FANOUT": FANOUT, "GATHER": gather}, num_warps=NUM_WARPS)
     return launcher
 
 
@@ -138,6 +176,8 @@ def _total(repeats: torch.Tensor, cumsum: torch.Tensor, output_size: int | None)
 
 def _expand(repeats: torch.Tensor, output_size: int | None, values: torch.Tensor | None) -> torch.Tensor:
     """Row ids (or ``values`` gathered by them) repeated ``repeats`` times each."""
+    if repeats.shape[0] >= 2**31:
+        raise Decline("2**31 or more repeats: the kernel's row offsets are int32")
     cumsum = torch.cumsum(repeats, 0)
     total = _total(repeats, cumsum, output_size)
     source = repeats if values is None else values
