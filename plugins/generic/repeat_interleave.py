@@ -48,17 +48,20 @@ NUM_WARPS = 4
 SUB = 16
 #: Row ends compared per step of the search for a program's first and last row.
 FANOUT = 256
+#: Steps of that search left out: its last step is replaced by a wider sub-block search.
+BRACKET_SKIP = 1
 
 
 @triton.jit
 def _rank(ends, n, targets, steps, FANOUT: tl.constexpr):
-    """For each target, the first row whose end exceeds it (``n`` if none): a ``FANOUT``-ary search.
+    """For each target, rows ``lo <= hi`` bracketing the first row whose end exceeds it (``n`` if none).
 
-    ``ends`` is non-decreasing for valid repeats; for invalid ones the result
-    is still in ``[0, n]`` and every load in bounds. Each of ``steps``
-    (``ceil(log_FANOUT(n + 1))``, from the host) samples ``FANOUT`` ends of the
-    live range and keeps the gap the target falls in. Fixed trip counts: a
-    ``while`` on a block-wide condition costs a reduction per step.
+    A ``FANOUT``-ary search: each of ``steps`` samples ``FANOUT`` ends of the
+    live range and keeps the gap the target falls in; ``ceil(log_FANOUT(n +
+    1))`` steps make ``lo == hi`` the row itself, fewer leave a bracket.
+    ``ends`` is non-decreasing for valid repeats; for invalid ones the
+    brackets are still in ``[0, n]`` and every load in bounds. Fixed trip
+    counts: a ``while`` on a block-wide condition costs a reduction per step.
     """
     lo = targets * 0
     hi = lo + n
@@ -74,7 +77,7 @@ def _rank(ends, n, targets, steps, FANOUT: tl.constexpr):
         new_lo = tl.where(count > 0, lo + ((count - 1) * width) // FANOUT + 1, lo)
         lo = tl.where(live, new_lo, lo)
         hi = tl.where(live, tl.maximum(new_hi, new_lo), hi)
-    return lo
+    return lo, hi
 
 
 @triton.jit
@@ -108,17 +111,18 @@ def _expand_kernel(ends, out, values, total: tl.int64, n, rank_steps, values_str
                    BLOCK: tl.constexpr, SUB: tl.constexpr, FANOUT: tl.constexpr, GATHER: tl.constexpr):
     """``out[p]`` = the row ``i`` with ``ends[i-1] <= p < ends[i]`` (or ``values[i]`` when gathering).
 
-    Three searches, each narrower: the block's first and last rows among all
-    ``n`` (``_rank``), each sub-block's first and last rows among those, then
-    each element's row among its sub-block's. Row numbers below the block's
+    Three searches, each narrower: rows bracketing the block's first and last
+    rows among all ``n`` (``_rank``, ``BRACKET_SKIP`` steps short of exact),
+    each sub-block's first and last rows within that bracket, then each
+    element's row among its sub-block's. Row numbers below the block's
     first row are int32 offsets (the host declines ``n >= 2**31``): the
     per-element search is most of the kernel's instructions.
     """
     p0 = tl.program_id(0).to(tl.int64) * BLOCK
     edge = tl.arange(0, 2)
-    rows = _rank(ends, n, tl.where(edge == 0, p0, tl.minimum(p0 + BLOCK, total) - 1), rank_steps, FANOUT)
-    first = tl.sum(tl.where(edge == 0, rows, 0), 0)
-    span = (tl.maximum(tl.sum(tl.where(edge == 1, rows, 0), 0), first) - first).to(tl.int32)
+    below, above = _rank(ends, n, tl.where(edge == 0, p0, tl.minimum(p0 + BLOCK, total) - 1), rank_steps, FANOUT)
+    first = tl.sum(tl.where(edge == 0, below, 0), 0)
+    span = (tl.maximum(tl.sum(tl.where(edge == 1, above, 0), 0), first) - first).to(tl.int32)
     base = ends + first
     sub_p0 = p0 + tl.arange(0, BLOCK // SUB) * SUB
     sub_live = sub_p0 < total
@@ -144,11 +148,11 @@ def _expand_kernel(ends, out, values, total: tl.int64, n, rank_steps, values_str
 
 
 def _rank_steps(n: int) -> int:
-    """Steps of the ``FANOUT``-ary search over ``n`` ends: ``ceil(log_FANOUT(n + 1))``."""
+    """Steps of the ``FANOUT``-ary search over ``n`` ends: ``ceil(log_FANOUT(n + 1))``, less ``BRACKET_SKIP``."""
     steps, reach = 1, FANOUT
     while reach < n + 1:
         steps, reach = steps + 1, reach * FANOUT
-    return steps
+    return max(steps - BRACKET_SKIP, 0)
 
 
 _LAUNCHERS: dict[bool, FastLauncher] = {}
