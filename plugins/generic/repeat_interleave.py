@@ -8,14 +8,16 @@
   elements, whatever the repeats (not one program per repeats element with a
   serial loop). ``torch.cumsum`` gives the row ends; a program finds the rows
   of its first and last element by a ``FANOUT``-ary search (``FANOUT`` ends
-  compared per step: two steps for 65536 rows), then each element
-  binary-searches only the rows between those two (a few ends, cache-resident).
-  H200, kernel time with torch's in brackets: the seed case 23.8 µs (13.0),
-  17096 rows -> 50M items 275 µs (163); the first version, a whole-array
-  binary search per element, took 28.6 and 882 µs. A single fused launch
-  that scans ``repeats`` in every program (no cumsum) took 28-95 µs on the
-  seed case: its serial scan dominates. Still slower than torch at the seed
-  size: see benchmarks/RESULTS.md (run 2).
+  compared per step: two steps for 65536 rows), then the rows of each
+  ``SUB``-element sub-block's ends among those, then each element's row
+  among its sub-block's few (int32 offsets, cache-resident ends). The
+  per-element search is most of the kernel's instructions: narrowing it
+  from the block's rows to the sub-block's took the seed case from 13.8 to
+  6.1 µs of GPU time (profiler; torch's thread-per-row kernel: 3.5).
+  Earlier versions: a whole-array binary search per element (28.6 µs
+  do_bench), a single fused launch that scans ``repeats`` in every program
+  (no cumsum; 28-95 µs: its serial scan dominates). Numbers:
+  benchmarks/RESULTS.md (run 3).
 * **Never out of bounds**: a wrong ``output_size`` or a negative repeat can
   only produce unspecified values inside the output. With checks on (CPU
   interpreter, ``FLAGGEMS_CHECK_INDICES=1``) they raise torch's RuntimeError.
@@ -44,12 +46,17 @@ from flaggems.toolkit.strided import SUPPORTED_DTYPES
 BLOCK = 2048
 NUM_WARPS = 4
 #: Output elements per sub-block: the rows of each sub-block's ends are found first, so an
-#: element's own search spans only the few rows its sub-block touches.
+#: element's own search spans only the few rows its sub-block touches. H200, kernel alone
+#: (do_bench, µs) for SUB 8/16/32/64: seed case 10.7/10.6/9.9/11.6 (one search over the
+#: block's rows: 18.2), 854524 one-item rows 22.9/32.9/37.4/42.9, 17096 rows -> 50M items
+#: 158/144/148/176.
 SUB = 16
 #: Row ends compared per step of the search for a program's first and last row.
 FANOUT = 256
-#: Steps of that search left out: its last step is replaced by a wider sub-block search.
-BRACKET_SKIP = 1
+#: Steps of that search left out: its last step is replaced by a wider sub-block search. H200,
+#: kernel alone: the seed case 10.2 µs with 1 against 10.6 with 0 (within noise), 17096 rows ->
+#: 50M items 166 against 144: so none.
+BRACKET_SKIP = 0
 
 
 @triton.jit
