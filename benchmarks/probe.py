@@ -14,7 +14,8 @@ Sections:
   ``repeat_sweep``: its ``SUB`` x ``BRACKET_SKIP``.
 * ``group_norm``: ``F.group_norm`` forward, the native backward and
   forward+backward; per-kernel GPU time from the profiler.
-  ``group_norm_sweep``: ``TILE`` x ``NUM_WARPS`` x ``PROGRAMS_PER_SM``.
+  ``group_norm_sweep``: ``TILE`` x ``NUM_WARPS`` x ``PROGRAMS_PER_SM``;
+  ``group_norm_host``: host time per call, with real and with stubbed launches.
 * ``index``: index_select / index_copy against torch; ``index_sweep``: the
   small-workload tile constants of ``flaggems.toolkit.indexing``
   (``MIN_PROGRAMS``, ``MIN_TILE``, ``ELEMENTS_PER_WARP``; run 2 swept
@@ -268,6 +269,52 @@ def probe_group_norm() -> None:
             print(f"   kernels {part}: " + ", ".join(f"{k}={v:.1f}" for k, v in sorted(kernels.items())), flush=True)
 
 
+def probe_group_norm_host() -> None:
+    """Host µs per call (torch, ours, ours with every Triton launch stubbed) and a profile of ours.
+
+    The forward+backward rows of the bench are host-bound on both sides: this
+    says how much of ours is the route, the launches and the GPU.
+    """
+    import cProfile
+    import io
+    import pstats
+
+    from flaggems.toolkit.launch import FastLauncher
+
+    real_call = FastLauncher.__call__
+    for config in GN_CONFIGS:
+        label = _gn_label(*config)
+        for part, fn in _gn_calls(*config).items():
+            flaggems.disable()
+            row = {"torch": host_us(fn, 500)}
+            flaggems.enable()
+            row["ours"] = host_us(fn, 500)
+            FastLauncher.__call__ = lambda self, grid, *args: None
+            try:
+                row["ours, launches stubbed"] = host_us(fn, 500)
+            finally:
+                FastLauncher.__call__ = real_call
+                flaggems.disable()
+            RESULTS[f"gn host {label} {part}"] = row
+            print(f"gn host {label:34s} {part:26s} " + " ".join(f"{k}={v:.1f}" for k, v in row.items()), flush=True)
+    fn = _gn_calls(*GN_CONFIGS[1])["fwd+bwd"]
+    flaggems.enable()
+    try:
+        fn()
+        profiler = cProfile.Profile()
+        profiler.enable()
+        for _ in range(2000):
+            fn()
+        profiler.disable()
+        torch.cuda.synchronize()
+    finally:
+        flaggems.disable()
+    text = io.StringIO()
+    pstats.Stats(profiler, stream=text).sort_stats("tottime").print_stats(25)
+    RESULTS["gn host profile fwd+bwd"] = text.getvalue()
+    print(text.getvalue(), flush=True)
+
+
 def _sweep(module: object, names: tuple[str, ...], grid: tuple[tuple, ...], reset: Callable[[], None],
            measure: Callable[[str], None]) -> None:
     """Set ``module``'s constants ``names`` to every point of ``grid``, ``reset`` caches, ``measure(label)``."""
@@ -352,10 +399,13 @@ def probe_index_sweep() -> None:
                                                                          (128, 256)), reset, measure)
 
 
-SECTIONS = {"repeat": (probe_repeat,), "repeat_parts": (probe_repeat_parts,), "repeat_stages": (probe_repeat_stages,),
-            "repeat_sweep": (probe_repeat_sweep,),
-            "group_norm": (probe_group_norm,), "group_norm_sweep": (probe_group_norm_sweep,),
-            "index": (probe_index,), "index_sweep": (probe_index_sweep,)}
+SECTIONS = {
+    "repeat": (probe_repeat,), "repeat_parts": (probe_repeat_parts,), "repeat_stages": (probe_repeat_stages,),
+    "repeat_sweep": (probe_repeat_sweep,),
+    "group_norm": (probe_group_norm,), "group_norm_host": (probe_group_norm_host,),
+    "group_norm_sweep": (probe_group_norm_sweep,),
+    "index": (probe_index,), "index_sweep": (probe_index_sweep,),
+}
 
 
 def main() -> None:
