@@ -16,6 +16,8 @@ Sections:
   forward+backward; per-kernel GPU time from the profiler.
   ``group_norm_sweep``: ``TILE`` x ``NUM_WARPS`` x ``PROGRAMS_PER_SM``;
   ``group_norm_host``: host time per call, with real and with stubbed launches.
+* ``launch_args``: host time of one FastLauncher launch against the kernel's
+  argument count.
 * ``index``: index_select / index_copy against torch; ``index_sweep``: the
   small-workload tile constants of ``flaggems.toolkit.indexing``
   (``MIN_PROGRAMS``, ``MIN_TILE``, ``ELEMENTS_PER_WARP``; run 2 swept
@@ -35,6 +37,7 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F  # noqa: N812
 import triton
+import triton.language as tl
 
 import flaggems
 from flaggems.toolkit import checks
@@ -315,6 +318,60 @@ def probe_group_norm_host() -> None:
     print(text.getvalue(), flush=True)
 
 
+@triton.jit
+def _launch_probe_1(p0):
+    if tl.program_id(0) < 0:
+        tl.store(p0, 1)
+
+
+@triton.jit(do_not_specialize=[f"a{i}" for i in range(8)])
+def _launch_probe_8(p0, a0, a1, a2, a3, a4, a5, a6, a7):
+    if tl.program_id(0) < 0:
+        tl.store(p0, a0 + a1 + a2 + a3 + a4 + a5 + a6 + a7)
+
+
+@triton.jit(do_not_specialize=[f"a{i}" for i in range(24)])
+def _launch_probe_24(p0, a0, a1, a2, a3, a4, a5, a6, a7, a8, a9, a10, a11, a12, a13, a14, a15, a16, a17,
+                     a18, a19, a20, a21, a22, a23):
+    if tl.program_id(0) < 0:
+        tl.store(p0, a0 + a1 + a2 + a3 + a4 + a5 + a6 + a7 + a8 + a9 + a10 + a11 + a12 + a13 + a14 + a15 + a16
+                 + a17 + a18 + a19 + a20 + a21 + a22 + a23)
+
+
+@triton.jit(do_not_specialize=[f"a{i}" for i in range(24)])
+def _launch_probe_6p24(p0, p1, p2, p3, p4, p5, a0, a1, a2, a3, a4, a5, a6, a7, a8, a9, a10, a11, a12, a13, a14,
+                       a15, a16, a17, a18, a19, a20, a21, a22, a23):
+    if tl.program_id(0) < 0:
+        tl.store(p0, a0 + a1 + a2 + a3 + a4 + a5 + a6 + a7 + a8 + a9 + a10 + a11 + a12 + a13 + a14 + a15 + a16
+                 + a17 + a18 + a19 + a20 + a21 + a22 + a23)
+        tl.store(p1, 1)
+        tl.store(p2, 1)
+        tl.store(p3, 1)
+        tl.store(p4, 1)
+        tl.store(p5, 1)
+
+
+def probe_launch_args() -> None:
+    """Host µs per FastLauncher launch of an empty kernel against its argument count (int64 scalars)."""
+    from flaggems.toolkit.launch import FastLauncher
+
+    buf = torch.zeros(8, dtype=torch.int64, device="cuda")
+    big = 2**40  # int64 arguments, as the group_norm kernels pass
+    cases = {
+        "1 pointer": (FastLauncher(_launch_probe_1), (buf,)),
+        "1 pointer + 8 ints": (FastLauncher(_launch_probe_8), (buf, *[big + i for i in range(8)])),
+        "1 pointer + 24 ints": (FastLauncher(_launch_probe_24), (buf, *[big + i for i in range(24)])),
+        "6 pointers + 24 ints": (FastLauncher(_launch_probe_6p24), (*[buf] * 6, *[big + i for i in range(24)])),
+    }
+    for name, (launcher, args) in cases.items():
+        value = host_us(lambda launcher=launcher, args=args: launcher((1,), *args), 4000)
+        RESULTS[f"launch {name}"] = value
+        print(f"launch {name:30s} host_us={value:.2f}", flush=True)
+    value = host_us(lambda: buf.add_(1), 4000)
+    RESULTS["launch torch add_ (reference)"] = value
+    print(f"launch torch add_ (reference)       host_us={value:.2f}", flush=True)
+
+
 def _sweep(module: object, names: tuple[str, ...], grid: tuple[tuple, ...], reset: Callable[[], None],
            measure: Callable[[str], None]) -> None:
     """Set ``module``'s constants ``names`` to every point of ``grid``, ``reset`` caches, ``measure(label)``."""
@@ -404,7 +461,7 @@ SECTIONS = {
     "repeat_sweep": (probe_repeat_sweep,),
     "group_norm": (probe_group_norm,), "group_norm_host": (probe_group_norm_host,),
     "group_norm_sweep": (probe_group_norm_sweep,),
-    "index": (probe_index,), "index_sweep": (probe_index_sweep,),
+    "index": (probe_index,), "index_sweep": (probe_index_sweep,), "launch_args": (probe_launch_args,),
 }
 
 
