@@ -16,15 +16,17 @@ first so that the CPU interpreter is set up before any kernel is decorated.
 from __future__ import annotations
 
 from .launch import FastLauncher
-from .layout import collapse_dims
+from .layout import cdiv, collapse_dims, next_pow2
 from .strided import strided_copy
 from .tuning import ElementwisePolicy, elementwise_policy, reset_policy, set_policy
 
 __all__ = [
     "ElementwisePolicy",
     "FastLauncher",
+    "cdiv",
     "collapse_dims",
     "elementwise_policy",
+    "next_pow2",
     "reset_policy",
     "set_policy",
     "strided_copy",

@@ -31,7 +31,7 @@ import triton.language as tl
 
 from .jit_helpers import index_type as _narrow
 from .launch import FastLauncher
-from .layout import collapse_dims, span
+from .layout import cdiv, collapse_dims, next_pow2, span
 
 INT32_LIMIT = 2**31
 #: Elements per program (16 per thread at 8 warps), widest column block, warps. Swept on the
@@ -150,10 +150,10 @@ def _launcher(num_warps: int, **constexprs: int | bool) -> FastLauncher:
 
 def _tile(rows: int, cols: int, min_programs: int) -> tuple[int, int]:
     """``(BLOCK_R, BLOCK_C)``: ``TILE`` elements, shrunk while the grid has under ``min_programs`` tiles."""
-    block_c = min(triton.next_power_of_2(max(cols, 1)), MAX_COLS)
+    block_c = min(next_pow2(max(cols, 1)), MAX_COLS)
     block_r = max(TILE // block_c, 1)
     while (block_r * block_c > MIN_TILE
-           and triton.cdiv(rows, block_r) * triton.cdiv(cols, block_c) < min_programs):
+           and cdiv(rows, block_r) * cdiv(cols, block_c) < min_programs):
         if block_r > 1:
             block_r //= 2
         else:
@@ -196,8 +196,8 @@ def plan_index(a: torch.Tensor, b: torch.Tensor, dim: int, index: torch.Tensor, 
     cols = i_sizes[0] * i_sizes[1]
     # the CPU interpreter runs programs one after another: there, fewer is faster
     block_r, block_c = _tile(rows, cols, 0 if a.device.type == "cpu" else MIN_PROGRAMS)
-    col_tiles = triton.cdiv(cols, block_c)
-    tiles = triton.cdiv(rows, block_r) * col_tiles
+    col_tiles = cdiv(cols, block_c)
+    tiles = cdiv(rows, block_r) * col_tiles
     a_unit, b_unit = _unit_inner(i_sizes, i_a), _unit_inner(i_sizes, i_b)
     a_linear = _row_major((*o_sizes, j_size, *i_sizes), (*o_a, a_st[dim], *i_a))
     row_strides = (*o_a, a_st[dim], *o_b, b_st[dim]) + ((cols,) if a_linear else ())

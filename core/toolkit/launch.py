@@ -240,7 +240,7 @@ class FastLauncher:
     Example::
 
         launch = FastLauncher(copy_kernel, {"BLOCK": 1024}, num_warps=4)
-        launch((triton.cdiv(n, 1024),), dst, src, n)
+        launch((cdiv(n, 1024),), dst, src, n)
 
     Args:
         fn: the ``@triton.jit`` function.

@@ -47,6 +47,20 @@ def collapse_dims(shape: Sequence[int], *stride_lists: Sequence[int]) -> tuple[t
     return tuple(sizes), tuple(tuple(st) for st in strides)
 
 
+def cdiv(a: int, b: int) -> int:
+    """``ceil(a / b)`` for host integers.
+
+    ``triton.cdiv`` is a JIT function: called from Python it costs ~6 µs
+    (CI host), more than this module's whole plan look-up.
+    """
+    return -(-a // b)
+
+
+def next_pow2(n: int) -> int:
+    """The smallest power of two ``>= n`` (1 for ``n <= 1``); ``triton.next_power_of_2`` costs ~6 µs."""
+    return 1 << max(n - 1, 0).bit_length()
+
+
 def span(sizes: Sequence[int], strides: Sequence[int]) -> int:
     """Distance in elements between the first and the last element addressed."""
     return sum((n - 1) * abs(s) for n, s in zip(sizes, strides, strict=True))

@@ -46,7 +46,7 @@ import triton
 import triton.language as tl
 
 from flaggems import Decline
-from flaggems.toolkit import FastLauncher, collapse_dims
+from flaggems.toolkit import FastLauncher, cdiv, collapse_dims, next_pow2
 from flaggems.toolkit.jit_helpers import hint16 as _hint16
 from flaggems.toolkit.jit_helpers import index_type as _index
 
@@ -429,9 +429,6 @@ def _unit(sc: int, s0: int, spatial2: bool, channel_inner: bool, HxW: int) -> in
     return CHANNEL_UNIT if sc == 1 else GENERAL
 
 
-def _pow2(n: int) -> int:
-    return 1 << max(n - 1, 0).bit_length()
-
 
 @dataclass(frozen=True)
 class Tiling:
@@ -455,22 +452,22 @@ def _target_programs(device_type: str, index: int) -> int:
 def plan_tiling(N: int, C: int, HxW: int, channel_inner: bool, device: torch.device) -> Tiling:
     """Tile orientation from the input's unit stride; enough chunks to fill the device."""
     if channel_inner:
-        block_c = min(_pow2(C), TILE)
-        block_s = min(max(TILE // block_c, 1), _pow2(HxW))
+        block_c = min(next_pow2(C), TILE)
+        block_s = min(max(TILE // block_c, 1), next_pow2(HxW))
     else:
-        block_s = min(_pow2(HxW), TILE)
-        block_c = min(max(TILE // block_s, 1), _pow2(C))
-    cblocks, sblocks = triton.cdiv(C, block_c), triton.cdiv(HxW, block_s)
-    wanted = triton.cdiv(_target_programs(device.type, device.index or 0), N * cblocks)
+        block_s = min(next_pow2(HxW), TILE)
+        block_c = min(max(TILE // block_s, 1), next_pow2(C))
+    cblocks, sblocks = cdiv(C, block_c), cdiv(HxW, block_s)
+    wanted = cdiv(_target_programs(device.type, device.index or 0), N * cblocks)
     K = max(1, min(wanted, sblocks, MAX_CHUNKS))
-    chunk_tiles = triton.cdiv(sblocks, K)
-    return Tiling(block_c, block_s, cblocks, sblocks, triton.cdiv(sblocks, chunk_tiles), chunk_tiles)
+    chunk_tiles = cdiv(sblocks, K)
+    return Tiling(block_c, block_s, cblocks, sblocks, cdiv(sblocks, chunk_tiles), chunk_tiles)
 
 
 def _group_blocks(groups: int, parts: int) -> tuple[int, int]:
     """``(BLOCK_G, BLOCK_J)`` of the finalize kernels: several small groups per program."""
-    block_j = min(_pow2(parts), FINALIZE_TILE)
-    return max(min(_pow2(groups), FINALIZE_TILE // block_j), 1), block_j
+    block_j = min(next_pow2(parts), FINALIZE_TILE)
+    return max(min(next_pow2(groups), FINALIZE_TILE // block_j), 1), block_j
 
 
 @functools.cache
@@ -595,7 +592,7 @@ def _forward_plan(x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tens
     xs, ys = layout.strides
     launches = (
         (stats, (N * tiling.cblocks * K,), (C, HxW, layout.S0, *xs, tiling.cblocks, K, tiling.chunk_tiles, m2_at)),
-        (finalize, (triton.cdiv(NG, block_g),),
+        (finalize, (cdiv(NG, block_g),),
          (C, HxW, D, group, K, tiling.chunk_tiles * tiling.block_s, m2_at, stat_at, NG)),
         (normalize, (N * tiling.cblocks * tiling.sblocks,),
          (C, HxW, layout.S0, D, group, *xs, *ys, tiling.cblocks, tiling.sblocks, stat_at, NG)),
@@ -707,16 +704,16 @@ def _backward_plan(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor | Non
     xs, dys, dxs = layout.strides
     x_unit, dy_unit, dx_unit = layout.units
     reduce = _launcher(_bwd_reduce_kernel, DY_UNIT=dy_unit, X_UNIT=x_unit, **tile, **common)
-    block_k = _pow2(K)
-    spread = _pow2(triton.cdiv(C, _target_programs(x.device.type, x.device.index or 0)))
-    block_cf = max(min(max(spread, PARAM_MIN_CHANNELS), FINALIZE_TILE // block_k, _pow2(C)), 1)
-    block_n = max(min(_pow2(N), PARAM_TILE // (block_k * block_cf)), 1)
+    block_k = next_pow2(K)
+    spread = next_pow2(cdiv(C, _target_programs(x.device.type, x.device.index or 0)))
+    block_cf = max(min(max(spread, PARAM_MIN_CHANNELS), FINALIZE_TILE // block_k, next_pow2(C)), 1)
+    block_n = max(min(next_pow2(N), PARAM_TILE // (block_k * block_cf)), 1)
     block_g, block_j = _group_blocks(NG, D * K)
     finalize = _launcher(_bwd_finalize_kernel, BLOCK_G=block_g, BLOCK_J=block_j, BLOCK_N=block_n,
                          BLOCK_CF=block_cf, BLOCK_K=block_k, HAS_W=weight is not None, HAS_DW=mask[1],
                          HAS_DB=mask[2], **common)
-    num_coef = triton.cdiv(NG, block_g) if mask[0] else 0
-    param_programs = triton.cdiv(C, block_cf) if mask[1] or mask[2] else 0
+    num_coef = cdiv(NG, block_g) if mask[0] else 0
+    param_programs = cdiv(C, block_cf) if mask[1] or mask[2] else 0
     dx = None
     if mask[0]:
         dx = (_launcher(_bwd_dx_kernel, DY_UNIT=dy_unit, X_UNIT=x_unit, DX_UNIT=dx_unit,

@@ -36,7 +36,7 @@ import triton
 import triton.language as tl
 
 from flaggems import Decline
-from flaggems.toolkit import checks
+from flaggems.toolkit import cdiv, checks
 from flaggems.toolkit.indexing import INDEX_DIVIDE_INT, INDEX_DIVIDE_TENSOR, index_along_dim
 from flaggems.toolkit.launch import FastLauncher
 from flaggems.toolkit.strided import SUPPORTED_DTYPES
@@ -196,7 +196,7 @@ def _expand(repeats: torch.Tensor, output_size: int | None, values: torch.Tensor
     n = repeats.shape[0]
     if total:
         gather = values is not None
-        _launcher(gather)((triton.cdiv(total, BLOCK),), cumsum, out, values if gather else out, total, n,
+        _launcher(gather)((cdiv(total, BLOCK),), cumsum, out, values if gather else out, total, n,
                           _rank_steps(n), values.stride(0) if gather else 0)
     return out
 
@@ -221,7 +221,7 @@ def _needs_autograd(tensor: torch.Tensor) -> bool:
 def _flatten(self: torch.Tensor, dim: int | None) -> tuple[torch.Tensor, int] | None:
     """The input and dimension to repeat along (``dim=None`` flattens); None if dim is invalid."""
     if dim is None:
-        return self.reshape(-1), 0
+        return (self if self.dim() == 1 else self.reshape(-1)), 0
     wrap = max(self.dim(), 1)
     if not -wrap <= dim < wrap:
         return None

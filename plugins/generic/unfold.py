@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import functools
 import math
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -39,7 +40,7 @@ import triton.language as tl
 
 import flaggems
 from flaggems import Decline
-from flaggems.toolkit import FastLauncher, collapse_dims
+from flaggems.toolkit import FastLauncher, cdiv, collapse_dims, next_pow2
 from flaggems.toolkit.jit_helpers import index_type as _index
 
 #: Whether the active backend routes ``unfold`` here (see the module docstring).
@@ -143,9 +144,6 @@ def _unfold_backward_kernel(grad, out, L: tl.int64, B: tl.int64, windows: tl.int
     tl.store(out + out_off, acc.to(out.dtype.element_ty), mask=jmask[:, None] & bmask[None, :])
 
 
-def _pow2(n: int) -> int:
-    return 1 << max(n - 1, 0).bit_length()
-
 
 @functools.cache
 def _launcher(**constexprs: Any) -> FastLauncher:
@@ -170,38 +168,76 @@ def _plan(grad: torch.Tensor, input_sizes: list[int], dim: int, size: int, step:
         return None
     (A, g_sa), (B, g_sb) = before, after
     L, windows = input_sizes[dim], grad.shape[dim]
-    block_b = min(_pow2(B), 64)
-    block_j = max(TILE // block_b, 1) if B > 1 else min(_pow2(L), TILE)
-    jblocks, bblocks = triton.cdiv(L, block_j), triton.cdiv(B, block_b)
+    block_b = min(next_pow2(B), 64)
+    block_j = max(TILE // block_b, 1) if B > 1 else min(next_pow2(L), TILE)
+    jblocks, bblocks = cdiv(L, block_j), cdiv(B, block_b)
     reach = sum((n - 1) * abs(s) for n, s in zip(grad.shape, g)) + TILE * max(abs(s) for s in g)
     int64 = max(A * L * B + TILE, reach) >= INT32_LIMIT
     launcher = _launcher(BLOCK_J=block_j, BLOCK_B=block_b, INNER_ONE=B == 1, INT64=int64,
                          F64=grad.dtype == torch.float64)
-    max_windows = triton.cdiv(size, step)
+    max_windows = cdiv(size, step)
     return launcher, (A * jblocks * bblocks,), (L, B, windows, size, step, max_windows, g_sa, g[dim], g_sb,
                                                 g[ndim], jblocks, bblocks)
 
 
-def unfold_backward(grad_in: torch.Tensor, input_sizes: list[int], dim: int, size: int,
-                    step: int) -> torch.Tensor:
-    """``aten::unfold_backward``: the gradient of ``unfold(dim, size, step)`` for an input of ``input_sizes``."""
-    if step <= 0:
-        raise ValueError(f"step is {step} but must be > 0")
-    input_sizes = [int(s) for s in input_sizes]
-    ndim = len(input_sizes)
+@dataclass(frozen=True)
+class BackwardPlan:
+    """One ``unfold_backward`` geometry: output sizes, launch, and whether ``grad`` is copied first."""
+
+    sizes: list[int]
+    launch: tuple | None  # None: an empty output or grad, no kernel
+    contiguous_first: bool
+
+
+_PLANS: dict[tuple, BackwardPlan] = {}
+_PLAN_LIMIT = 1024
+
+
+def _backward_plan(grad: torch.Tensor, input_sizes: list[int], dim: int, size: int, step: int) -> BackwardPlan:
+    """Validate one call's geometry (declining what torch's kernel must decide) and plan it."""
+    sizes = [int(s) for s in input_sizes]
+    ndim = len(sizes)
     dim = wrap_dim(dim, ndim)
     if ndim == 0:
         raise Decline("0-dim input")
+    if size < 0 or size > sizes[dim]:
+        raise Decline("size outside [0, input size] (torch's kernel decides)")
+    expected = [*sizes[:dim], (sizes[dim] - size) // step + 1, *sizes[dim + 1:], size]
+    if list(grad.shape) != expected:
+        raise Decline(f"grad shape {list(grad.shape)} is not unfold's {expected}")
+    if math.prod(sizes) == 0 or grad.numel() == 0:
+        return BackwardPlan(sizes, None, False)
+    launch = _plan(grad, sizes, dim, size, step)
+    if launch is not None:
+        return BackwardPlan(sizes, launch, False)
+    dense = torch.empty(grad.shape, dtype=grad.dtype, device="meta")
+    return BackwardPlan(sizes, _plan(dense, sizes, dim, size, step), True)
+
+
+def unfold_backward(grad_in: torch.Tensor, input_sizes: list[int], dim: int, size: int,
+                    step: int) -> torch.Tensor:
+    """``aten::unfold_backward``: the gradient of ``unfold(dim, size, step)`` for an input of ``input_sizes``.
+
+    Plans are cached by geometry: a repeated call checks dtype and layout, then launches.
+    """
+    if step <= 0:
+        raise ValueError(f"step is {step} but must be > 0")
     if grad_in.dtype not in FLOAT_DTYPES or grad_in.layout != torch.strided or grad_in.is_neg():
         raise Decline(f"dtype {grad_in.dtype} or layout")
-    if size < 0 or size > input_sizes[dim]:
-        raise Decline("size outside [0, input size] (torch's kernel decides)")
-    expected = [*input_sizes[:dim], (input_sizes[dim] - size) // step + 1, *input_sizes[dim + 1:], size]
-    if list(grad_in.shape) != expected:
-        raise Decline(f"grad shape {list(grad_in.shape)} is not unfold's {expected}")
-    out = torch.empty(input_sizes, dtype=grad_in.dtype, device=grad_in.device)
-    if out.numel() == 0:
-        return out
+    key = (grad_in.shape, grad_in.stride(), grad_in.dtype, tuple(input_sizes), dim, size, step)
+    plan = _PLANS.get(key)
+    if plan is None:
+        if len(_PLANS) >= _PLAN_LIMIT:
+            _PLANS.clear()
+        plan = _PLANS[key] = _backward_plan(grad_in, input_sizes, dim, size, step)
+    out = torch.empty(plan.sizes, dtype=grad_in.dtype, device=grad_in.device)
+    if plan.launch is None:
+        return out if out.numel() == 0 else out.zero_()
+    if plan.contiguous_first:
+        grad_in = grad_in.contiguous()
+    launcher, grid, scalars = plan.launch
+    launcher(grid, grad_in, out, *scalars)
+    return out
     if grad_in.numel() == 0:
         return out.zero_()
     plan = _plan(grad_in, input_sizes, dim, size, step)
