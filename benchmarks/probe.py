@@ -272,6 +272,42 @@ def probe_group_norm() -> None:
             print(f"   kernels {part}: " + ", ".join(f"{k}={v:.1f}" for k, v in sorted(kernels.items())), flush=True)
 
 
+def _gn_split_launches(real_call: Callable) -> None:
+    """Forward+backward through autograd with only the forward's, or only the backward's, launches real."""
+    from flaggems.plugins.generic import group_norm as gn
+    from flaggems.toolkit.launch import FastLauncher
+
+    forward_kernels = {gn._stats_kernel, gn._finalize_kernel, gn._normalize_kernel}
+    calls = _gn_calls(*GN_CONFIGS[1])
+
+    def direct() -> tuple:
+        return calls["native fwd contiguous x"](), calls["bwd"]()
+
+    for label, stub_forward in (("backward stubbed", False), ("forward stubbed", True)):
+        def partial(self, grid, *args, stub_forward=stub_forward):
+            if (self.fn in forward_kernels) != stub_forward:
+                real_call(self, grid, *args)
+        FastLauncher.__call__ = partial
+        flaggems.enable()
+        try:
+            value = host_us(calls["fwd+bwd"], 500)
+        finally:
+            FastLauncher.__call__ = real_call
+            flaggems.disable()
+        RESULTS[f"gn host split fwd+bwd {label}"] = value
+        print(f"gn host contig 2x320 fwd+bwd, {label}: {value:.1f}", flush=True)
+    for routed in (False, True):
+        if routed:
+            flaggems.enable()
+        try:
+            value = host_us(direct, 500)
+        finally:
+            flaggems.disable()
+        RESULTS[f"gn host direct fwd then bwd {'ours' if routed else 'torch'}"] = value
+        print(f"gn host contig 2x320 direct native fwd then bwd (no autograd), {'ours' if routed else 'torch'}: "
+              f"{value:.1f}", flush=True)
+
+
 def probe_group_norm_host() -> None:
     """Host µs per call (torch, ours, ours with every Triton launch stubbed) and a profile of ours.
 
@@ -300,6 +336,7 @@ def probe_group_norm_host() -> None:
                 flaggems.disable()
             RESULTS[f"gn host {label} {part}"] = row
             print(f"gn host {label:34s} {part:26s} " + " ".join(f"{k}={v:.1f}" for k, v in row.items()), flush=True)
+    _gn_split_launches(real_call)
     fn = _gn_calls(*GN_CONFIGS[1])["fwd+bwd"]
     flaggems.enable()
     try:
