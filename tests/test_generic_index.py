@@ -42,19 +42,17 @@ def test_out_of_range_gather_writes_zeros(unchecked):
     assert torch.equal(out, torch.tensor([[1.0, 0], [5, 0], [9, 0]], device=DEV))
 
 
-@pytest.fixture(params=[0, 1], ids=["exact-rank", "bracket"])
-def small_tiles(request, monkeypatch):
+@pytest.fixture
+def small_tiles(monkeypatch):
     """The repeat_interleave kernel with 8-element blocks of 2-element sub-blocks and a 4-way search.
 
-    Many programs, and every one of its three searches takes several steps;
-    the first search runs to the exact row, or stops one step short.
+    Many programs, and every one of its three searches takes several steps.
     """
     from flaggems.plugins.generic import repeat_interleave as ri
 
     monkeypatch.setattr(ri, "BLOCK", 8)
     monkeypatch.setattr(ri, "SUB", 2)
     monkeypatch.setattr(ri, "FANOUT", 4)
-    monkeypatch.setattr(ri, "BRACKET_SKIP", request.param)
     monkeypatch.setattr(ri, "_LAUNCHERS", {})
     return ri
 

@@ -53,22 +53,20 @@ NUM_WARPS = 4
 SUB = 16
 #: Row ends compared per step of the search for a program's first and last row.
 FANOUT = 256
-#: Steps of that search left out: its last step is replaced by a wider sub-block search. H200,
-#: kernel alone: the seed case 10.2 µs with 1 against 10.6 with 0 (within noise), 17096 rows ->
-#: 50M items 166 against 144: so none.
-BRACKET_SKIP = 0
 
 
 @triton.jit
 def _rank(ends, n, targets, steps, FANOUT: tl.constexpr):
-    """For each target, rows ``lo <= hi`` bracketing the first row whose end exceeds it (``n`` if none).
+    """For each target, the first row whose end exceeds it (``n`` if none): a ``FANOUT``-ary search.
 
-    A ``FANOUT``-ary search: each of ``steps`` samples ``FANOUT`` ends of the
-    live range and keeps the gap the target falls in; ``ceil(log_FANOUT(n +
-    1))`` steps make ``lo == hi`` the row itself, fewer leave a bracket.
-    ``ends`` is non-decreasing for valid repeats; for invalid ones the
-    brackets are still in ``[0, n]`` and every load in bounds. Fixed trip
-    counts: a ``while`` on a block-wide condition costs a reduction per step.
+    ``ends`` is non-decreasing for valid repeats; for invalid ones the result
+    is still in ``[0, n]`` and every load in bounds. Each of ``steps``
+    (``ceil(log_FANOUT(n + 1))``, from the host) samples ``FANOUT`` ends of the
+    live range and keeps the gap the target falls in. Fixed trip counts: a
+    ``while`` on a block-wide condition costs a reduction per step. Stopping
+    one step short and leaving the rest to the sub-block search was tried
+    (H200, kernel alone): 10.2 against 10.6 µs on the seed case (noise), 166
+    against 144 µs at 17096 rows -> 50M items.
     """
     lo = targets * 0
     hi = lo + n
@@ -84,7 +82,7 @@ def _rank(ends, n, targets, steps, FANOUT: tl.constexpr):
         new_lo = tl.where(count > 0, lo + ((count - 1) * width) // FANOUT + 1, lo)
         lo = tl.where(live, new_lo, lo)
         hi = tl.where(live, tl.maximum(new_hi, new_lo), hi)
-    return lo, hi
+    return lo
 
 
 @triton.jit
@@ -118,18 +116,17 @@ def _expand_kernel(ends, out, values, total: tl.int64, n, rank_steps, values_str
                    BLOCK: tl.constexpr, SUB: tl.constexpr, FANOUT: tl.constexpr, GATHER: tl.constexpr):
     """``out[p]`` = the row ``i`` with ``ends[i-1] <= p < ends[i]`` (or ``values[i]`` when gathering).
 
-    Three searches, each narrower: rows bracketing the block's first and last
-    rows among all ``n`` (``_rank``, ``BRACKET_SKIP`` steps short of exact),
-    each sub-block's first and last rows within that bracket, then each
-    element's row among its sub-block's. Row numbers below the block's
-    first row are int32 offsets (the host declines ``n >= 2**31``): the
-    per-element search is most of the kernel's instructions.
+    Three searches, each narrower: the block's first and last rows among all
+    ``n`` (``_rank``), each sub-block's first and last rows among those, then
+    each element's row among its sub-block's. Rows are int32 offsets from the
+    block's first row (the host declines ``n >= 2**31``): the per-element
+    search is most of the kernel's instructions.
     """
     p0 = tl.program_id(0).to(tl.int64) * BLOCK
     edge = tl.arange(0, 2)
-    below, above = _rank(ends, n, tl.where(edge == 0, p0, tl.minimum(p0 + BLOCK, total) - 1), rank_steps, FANOUT)
-    first = tl.sum(tl.where(edge == 0, below, 0), 0)
-    span = (tl.maximum(tl.sum(tl.where(edge == 1, above, 0), 0), first) - first).to(tl.int32)
+    rows = _rank(ends, n, tl.where(edge == 0, p0, tl.minimum(p0 + BLOCK, total) - 1), rank_steps, FANOUT)
+    first = tl.sum(tl.where(edge == 0, rows, 0), 0)
+    span = (tl.maximum(tl.sum(tl.where(edge == 1, rows, 0), 0), first) - first).to(tl.int32)
     base = ends + first
     sub_p0 = p0 + tl.arange(0, BLOCK // SUB) * SUB
     sub_live = sub_p0 < total
@@ -155,11 +152,11 @@ def _expand_kernel(ends, out, values, total: tl.int64, n, rank_steps, values_str
 
 
 def _rank_steps(n: int) -> int:
-    """Steps of the ``FANOUT``-ary search over ``n`` ends: ``ceil(log_FANOUT(n + 1))``, less ``BRACKET_SKIP``."""
+    """Steps of the ``FANOUT``-ary search over ``n`` ends: ``ceil(log_FANOUT(n + 1))``."""
     steps, reach = 1, FANOUT
     while reach < n + 1:
         steps, reach = steps + 1, reach * FANOUT
-    return max(steps - BRACKET_SKIP, 0)
+    return steps
 
 
 _LAUNCHERS: dict[bool, FastLauncher] = {}
