@@ -225,11 +225,15 @@ def _build_chain_entry(op: str, chain: tuple[ResolvedLink, ...], native: NativeK
     dispatch_log = log.logger("dispatch") if "dispatch" in channels else None
     fallback_log = log.logger("fallback") if "fallback" in channels else None
 
+    slot, other_slots = _number_check(native)
+    numbers = _PY_NUMBER_CLASSES
+
     def goes_native(me: int, args: tuple) -> bool:
         """Re-entered, inside a native scope, or a Python number in a Tensor slot."""
         if me in busy or me in native_threads:
             return True
-        return any(len(args) > i and args[i].__class__ in _PY_NUMBER_CLASSES for i in native.tensor_positions)
+        return (len(args) > slot and args[slot].__class__ in numbers) or (
+            other_slots is not None and other_slots(args))
 
     def entry(*args: Any, **kwargs: Any) -> Any:
         me = get_ident()

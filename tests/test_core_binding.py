@@ -84,8 +84,9 @@ def test_interpreter_internal_copy_does_not_recurse(runtime, calls):
     assert calls.count("copy_via_interpreter") >= 1
 
 
-def test_python_scalars_in_tensor_slots_go_native_with_torch_promotion(runtime, calls):
-    runtime.manager.register(DecliningAdd(), "fake-add")
+@pytest.mark.parametrize("with_supports", [False, True], ids=["single-entry", "chain-entry"])
+def test_python_scalars_in_tensor_slots_go_native_with_torch_promotion(runtime, calls, with_supports):
+    runtime.manager.register(DecliningAdd(with_supports), "fake-add")
     half = torch.ones(3, dtype=torch.float16, device=DEV)
     ints = torch.ones(3, dtype=torch.int32, device=DEV)
     zero_dim = torch.tensor(1.0, dtype=torch.float16, device=DEV)

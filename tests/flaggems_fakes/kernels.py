@@ -77,6 +77,11 @@ def declining_add(self: torch.Tensor, other, alpha=1):
     raise Decline("test impl declines every call")
 
 
+def always_supported(*args, **kwargs) -> bool:
+    """A ``supports`` predicate that accepts every call."""
+    return True
+
+
 def copy_via_interpreter(self: torch.Tensor, src: torch.Tensor, non_blocking: bool = False) -> torch.Tensor:
     """copy_ through an interpreted kernel, *without* native_scope: the
     interpreter's own copy_ of CPU storages re-enters aten::copy_, which the

@@ -94,8 +94,15 @@ class CopyPlugin:
 
 
 class DecliningAdd:
-    """add.Tensor that always declines: exercises the native call path."""
+    """add.Tensor that always declines: exercises the native call path.
+
+    ``with_supports``: the implementation carries a ``supports`` predicate,
+    so the core builds its chain entry rather than the single-implementation one.
+    """
+
+    def __init__(self, with_supports: bool = False) -> None:
+        self.supports = f"{K}:always_supported" if with_supports else None
 
     @hookimpl
     def flaggems_operators(self):
-        return [OpImpl("add.Tensor", f"{K}:declining_add")]
+        return [OpImpl("add.Tensor", f"{K}:declining_add", supports=self.supports)]
