@@ -17,7 +17,8 @@ Sections:
   ``group_norm_sweep``: ``TILE`` x ``NUM_WARPS`` x ``PROGRAMS_PER_SM``;
   ``group_norm_host``: host time per call, with real and with stubbed launches.
 * ``launch_args``: host time of one FastLauncher launch against the kernel's
-  argument count.
+  argument count. ``autograd_launch``: the same launch in autograd's forward
+  and backward threads, and a per-call timeline of group_norm forward+backward.
 * ``index``: index_select / index_copy against torch; ``index_sweep``: the
   small-workload tile constants of ``flaggems.toolkit.indexing``
   (``MIN_PROGRAMS``, ``MIN_TILE``, ``ELEMENTS_PER_WARP``; run 2 swept
@@ -410,6 +411,162 @@ def probe_launch_args() -> None:
     print(f"launch torch add_ (reference)       host_us={value:.2f}", flush=True)
 
 
+def _launch_name(launcher: object) -> str:
+    fn = getattr(launcher, "fn", None)
+    return getattr(getattr(fn, "fn", fn), "__name__", "?")
+
+
+def _timeline(fn: Callable[[], object], iterations: int = 400) -> dict[str, float]:
+    """Median µs between the marks of one call of ``fn``: its start, each launch's start and end, its end.
+
+    Marks are labelled by thread (main or autograd worker) and kernel, so the
+    gaps say where a call's host time goes: before, between or inside launches.
+    """
+    import threading
+
+    from flaggems.toolkit.launch import FastLauncher
+
+    real = FastLauncher.__call__
+    marks: list[tuple[str, int]] = []
+
+    def timed(self, grid, *args):
+        thread = "main" if threading.current_thread() is threading.main_thread() else "worker"
+        name = _launch_name(self)
+        marks.append((f"{thread}:{name}>", time.perf_counter_ns()))
+        real(self, grid, *args)
+        marks.append((f"{thread}:{name}<", time.perf_counter_ns()))
+
+    from flaggems.plugins.generic import group_norm as gn
+
+    def marked(fn: Callable, label: str) -> Callable:
+        def wrapper(*args, **kwargs):
+            thread = "main" if threading.current_thread() is threading.main_thread() else "worker"
+            marks.append((f"{thread}:{label}{{", time.perf_counter_ns()))
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                marks.append((f"{thread}:{label}}}", time.perf_counter_ns()))
+        return wrapper
+
+    originals = gn.native_group_norm, gn.native_group_norm_backward
+    gn.native_group_norm = marked(originals[0], "fwd")  # resolved by name when enable() binds
+    gn.native_group_norm_backward = marked(originals[1], "bwd")
+    flaggems.enable()
+    gn.native_group_norm, gn.native_group_norm_backward = originals
+    FastLauncher.__call__ = timed
+    gaps: dict[str, list[float]] = {}
+    try:
+        fn()
+        torch.cuda.synchronize()
+        for _ in range(iterations):
+            marks.clear()
+            marks.append(("start", time.perf_counter_ns()))
+            fn()
+            marks.append(("end", time.perf_counter_ns()))
+            for (a, ta), (b, tb) in zip(marks, marks[1:]):
+                gaps.setdefault(f"{a} -> {b}", []).append((tb - ta) / 1e3)
+            gaps.setdefault("total", []).append((marks[-1][1] - marks[0][1]) / 1e3)
+            torch.cuda.synchronize()
+    finally:
+        FastLauncher.__call__ = real
+        flaggems.disable()
+    return {k: statistics.median(v) for k, v in gaps.items()}
+
+
+def _python_kernel_cost(calls: dict[str, Callable[[], object]]) -> None:
+    """Host µs of torch's own group_norm kernels called through a pass-through Python kernel.
+
+    No flaggems code runs: the override just calls the captured native
+    kernel. What this adds over native, in direct calls and in the autograd
+    flow, is the price of any Python kernel (torch's dispatcher and autograd).
+    """
+    from flaggems.binding import NativeKernel
+
+    flaggems.disable()
+    direct = calls["native fwd contiguous x"], calls["bwd"]
+    flows = {"fwd+bwd autograd": calls["fwd+bwd"], "fwd then bwd direct": lambda: (direct[0](), direct[1]())}
+    for flow, fn in flows.items():
+        RESULTS[f"python kernel cost {flow} native"] = host_us(fn, 500)
+    library = torch.library.Library("aten", "IMPL")
+    for op in ("native_group_norm", "native_group_norm_backward"):
+        native = NativeKernel.capture(op, "CUDA")
+        library.impl(op, lambda *args, native=native: native(*args), "CUDA")
+    try:
+        for flow, fn in flows.items():
+            RESULTS[f"python kernel cost {flow} pass-through"] = host_us(fn, 500)
+    finally:
+        library._destroy()
+    for flow in flows:
+        print(f"python kernel cost, contig 2x320 {flow}: native={RESULTS[f'python kernel cost {flow} native']:.1f} "
+              f"pass-through={RESULTS[f'python kernel cost {flow} pass-through']:.1f}", flush=True)
+
+
+def probe_autograd_launch() -> None:
+    """Where the host time of group_norm forward+backward goes, and what a launch costs inside autograd.
+
+    Run 3 measured that our six launches cost 112-152 µs more in the autograd
+    flow than stubbed, against ~50 µs in direct calls. Here: (1) the same empty
+    launch timed in a custom autograd Function's forward (main thread) and
+    backward (autograd's device thread); (2) a per-call timeline of the real
+    flow (contiguous 2x320x64x64 fp32), autograd and direct.
+    """
+    import threading
+
+    from flaggems.toolkit.launch import FastLauncher
+
+    buf = torch.zeros(8, dtype=torch.int64, device="cuda")
+    launcher = FastLauncher(_launch_probe_6p24)
+    args = (*[buf] * 6, *[2**40 + i for i in range(24)])
+    spent: dict[str, list[float]] = {"forward": [], "backward": []}
+    threads: set[str] = set()
+    count = {"launches": 6}
+
+    def launches(side: str) -> None:
+        threads.add(f"{side}:{threading.current_thread().name}")
+        start = time.perf_counter_ns()
+        for _ in range(count["launches"]):
+            launcher((1,), *args)
+        if count["launches"]:
+            spent[side].append((time.perf_counter_ns() - start) / 1e3 / count["launches"])
+
+    class Probe(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            launches("forward")
+            return x.view_as(x)
+
+        @staticmethod
+        def backward(ctx, g):
+            launches("backward")
+            return g
+
+    x = torch.randn(64, device="cuda", requires_grad=True)
+    g = torch.randn(64, device="cuda")
+    for n in (0, 6):
+        count["launches"] = n
+        spent["forward"].clear()
+        spent["backward"].clear()
+        value = host_us(lambda: torch.autograd.grad(Probe.apply(x), x, g), 2000)
+        row = {"call_us": value}
+        if n:
+            row["launch_us_forward"] = statistics.median(spent["forward"])
+            row["launch_us_backward"] = statistics.median(spent["backward"])
+        RESULTS[f"autograd probe {n} launches per side"] = row
+        print(f"autograd probe {n} launches per side: " + " ".join(f"{k}={v:.2f}" for k, v in row.items()),
+              flush=True)
+    RESULTS["autograd probe threads"] = sorted(threads)
+    print("threads:", sorted(threads), flush=True)
+    calls = _gn_calls(*GN_CONFIGS[1])
+    _python_kernel_cost(calls)
+    direct = calls["native fwd contiguous x"], calls["bwd"]
+    for label, fn in (("autograd", calls["fwd+bwd"]), ("direct", lambda: (direct[0](), direct[1]()))):
+        line = _timeline(fn)
+        RESULTS[f"gn timeline {label}"] = line
+        print(f"gn timeline contig 2x320 fp32 {label}:", flush=True)
+        for k, v in line.items():
+            print(f"   {v:8.2f}  {k}", flush=True)
+
+
 def _sweep(module: object, names: tuple[str, ...], grid: tuple[tuple, ...], reset: Callable[[], None],
            measure: Callable[[str], None]) -> None:
     """Set ``module``'s constants ``names`` to every point of ``grid``, ``reset`` caches, ``measure(label)``."""
@@ -500,6 +657,7 @@ SECTIONS = {
     "group_norm": (probe_group_norm,), "group_norm_host": (probe_group_norm_host,),
     "group_norm_sweep": (probe_group_norm_sweep,),
     "index": (probe_index,), "index_sweep": (probe_index_sweep,), "launch_args": (probe_launch_args,),
+    "autograd_launch": (probe_autograd_launch,),
 }
 
 

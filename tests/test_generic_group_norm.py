@@ -139,13 +139,50 @@ def test_split_reduction_and_int64_offsets(forced_split, fmt):
     dy = torch.randn(N, C, H, W, device=DEV).contiguous(memory_format=fmt)
     w, b = torch.randn(C, device=DEV), torch.randn(C, device=DEV)
     plan = gn._forward_plan(x, w, b, N, C, H * W, G)
-    stats, _, scalars = plan.launches[0]
+    stats, _, scalars = plan.stats
     assert stats.constexprs["INT64"] and scalars[8] > 1  # 64-bit offsets, several chunks (K) per channel
     y, mean, rstd = gn.native_group_norm(x, w, b, N, C, H * W, G, 1e-5)
     dx, dw, db = gn.native_group_norm_backward(dy, x, mean, rstd, w, N, C, H * W, G, [True, True, True])
     expected = reference(x, G, w, b, dy)
     for actual, wanted in zip((y, dx, dw, db), expected):
         assert_close(actual, wanted)
+
+
+@pytest.mark.parametrize("fuse", [False, True], ids=["separate-finalize", "finalize-folded"])
+@pytest.mark.parametrize("fmt", [torch.contiguous_format, torch.channels_last])
+@pytest.mark.parametrize("mask", [(True, True, True), (True, False, False), (False, True, True),
+                                  (True, True, False)])
+def test_finalize_folded_or_separate(monkeypatch, fuse, fmt, mask):
+    """Both plans (step 2 as its own launch, or merged by every tile) on both layouts and every output mask."""
+    monkeypatch.setattr(gn, "FUSE_LIMIT", 1 << 30 if fuse else 0)
+    monkeypatch.setitem(gn.DEFAULT_TARGET, DEV.type, 16)  # several chunks (K > 1) per channel
+    monkeypatch.setattr(gn, "_FORWARD_PLANS", {})  # plans made under the patched constants only
+    monkeypatch.setattr(gn, "_BACKWARD_PLANS", {})
+    gn._target_programs.cache_clear()
+    torch.manual_seed(0)
+    N, C, G, H, W = 3, 10, 5, 6, 7  # two channels a group, 42 spatial elements
+    x = torch.randn(N, C, H, W, device=DEV).contiguous(memory_format=fmt)
+    dy = torch.randn(N, C, H, W, device=DEV)
+    w, b = torch.randn(C, device=DEV), torch.randn(C, device=DEV)
+    for weight, bias in ((w, b), (None, None)):
+        plan = gn._forward_plan(x, weight, bias, N, C, H * W, G)
+        assert (plan.finalize is None) == fuse
+        y, mean, rstd = gn.native_group_norm(x, weight, bias, N, C, H * W, G, 1e-5)
+        if weight is None and (mask[1] or mask[2]):
+            continue
+        grads = gn.native_group_norm_backward(dy, x, mean, rstd, weight, N, C, H * W, G, list(mask))
+        ones = torch.ones(C, device=DEV)
+        ey, *egrads = reference(x, G, ones if weight is None else weight, ones * 0 if bias is None else bias, dy)
+        ref_y, ref_mean, ref_rstd = A.native_group_norm(x.contiguous(), weight, bias, N, C, H * W, G, 1e-5)
+        assert_close(y, ey)
+        assert_close(mean, ref_mean, ulps=64)
+        assert_close(rstd, ref_rstd, ulps=64)
+        for wanted_mask, actual, wanted in zip(mask, grads, egrads):
+            if wanted_mask:
+                assert_close(actual, wanted)
+            else:
+                assert actual is None
+    gn._target_programs.cache_clear()
 
 
 def test_deterministic():
@@ -211,9 +248,12 @@ def test_kernels_compile_for_sm90():
         for int64 in (False, True):  # both index widths: the interpreter never type-checks loop-carried values
             tile = dict(BLOCK_C=4, BLOCK_S=1024, SPATIAL2=False, ALIGNED=True, INT64=int64, F64=False)
             cl = dict(BLOCK_C=256, BLOCK_S=16, SPATIAL2=True, ALIGNED=False, INT64=int64, F64=False)
-            ptx = build(gn._normalize_kernel, {"x": "*bf16", "y": "*bf16", "w": "*fp32", "b": "*fp32",
-                                               "ws": "*fp32"}, dict(X_UNIT=1, Y_UNIT=1, HAS_W=True, HAS_B=True, **tile))
-            assert "ld.global.v4" in ptx.asm["ptx"], "contiguous loads did not vectorise"
+            normalize = {"x": "*bf16", "y": "*bf16", "w": "*fp32", "b": "*fp32", "ws": "*fp32", "mean_out": "*bf16",
+                         "rstd_out": "*bf16"}
+            for fused in (False, True):  # step 2 separate, and folded into step 3
+                ptx = build(gn._normalize_kernel, normalize, dict(X_UNIT=1, Y_UNIT=1, HAS_W=True, HAS_B=True,
+                                                                  FUSED=fused, BLOCK_J=16 if fused else 1, **tile))
+                assert "ld.global.v4" in ptx.asm["ptx"], "contiguous loads did not vectorise"
             build(gn._stats_kernel, {"x": "*fp32", "ws": "*fp32"}, dict(X_UNIT=2, **cl))
             build(gn._finalize_kernel, {"ws": "*fp64", "mean_out": "*fp64", "rstd_out": "*fp64"},
                   dict(BLOCK_G=64, BLOCK_J=16, INT64=int64, F64=True))
@@ -223,8 +263,12 @@ def test_kernels_compile_for_sm90():
                                             "dw": "*fp32", "db": "*fp32"},
                   dict(BLOCK_G=2, BLOCK_J=512, BLOCK_N=4, BLOCK_CF=8, BLOCK_K=128, HAS_W=True, HAS_DW=True,
                        HAS_DB=True, INT64=int64, F64=False))
-            build(gn._bwd_dx_kernel, {"dy": "*fp32", "x": "*fp32", "dx": "*fp32", "w": "*fp32", "rstd": "*fp32",
-                                      "ws": "*fp32"}, dict(DY_UNIT=1, X_UNIT=1, DX_UNIT=1, HAS_W=True, **tile))
+            dx = {"dy": "*fp32", "x": "*fp32", "dx": "*fp32", "w": "*fp32", "mean": "*fp32", "rstd": "*fp32",
+                  "ws": "*fp32", "dw": "*fp32", "db": "*fp32"}
+            build(gn._bwd_dx_kernel, dx, dict(DY_UNIT=1, X_UNIT=1, DX_UNIT=1, HAS_W=True, FUSED=False, BLOCK_J=1,
+                                              BLOCK_N=1, BLOCK_CF=1, BLOCK_K=1, HAS_DW=False, HAS_DB=False, **tile))
+            build(gn._bwd_dx_kernel, dx, dict(DY_UNIT=1, X_UNIT=1, DX_UNIT=1, HAS_W=True, FUSED=True, BLOCK_J=32,
+                                              BLOCK_N=4, BLOCK_CF=8, BLOCK_K=4, HAS_DW=True, HAS_DB=True, **tile))
         print("ok")
     """)
     run_compiled(script)

@@ -63,6 +63,10 @@ PARAM_MIN_CHANNELS = 4
 PARAM_TILE = 4096
 #: At most this many spatial chunks per channel (bounds the workspace and step 2).
 MAX_CHUNKS = 128
+#: Step 2 is folded into step 3 (one launch less each way) when a tile's merge reads at most this many
+#: partials (``BLOCK_C x next_pow2(D * K)``): always for contiguous input, whose tiles hold one or a few
+#: channels; not for channels_last tiles, which span every group (each would re-merge them all).
+FUSE_LIMIT = 1024
 #: Programs wanted per streaming multiprocessor when splitting groups.
 PROGRAMS_PER_SM = 4
 #: Grid target where no SM count is known (interpreter: small grids, split paths still used).
@@ -120,19 +124,20 @@ def _split3(pid, inner, middle):
 
 
 @triton.jit
-def _elementwise_tile(C, S, D, G, cblocks, sblocks, BLOCK_C: tl.constexpr, BLOCK_S: tl.constexpr,
+def _elementwise_tile(pid, C, S, D, G, cblocks, sblocks, BLOCK_C: tl.constexpr, BLOCK_S: tl.constexpr,
                       ALIGNED: tl.constexpr, INT64: tl.constexpr):
-    """This program's tile of a grid flattened as ``(n, channel block, spatial block)``.
+    """Tile ``pid`` of a grid flattened as ``(n, channel block, spatial block)``.
 
-    Returns sample ``n``, channels ``c`` and their mask, spatial indices ``s``,
-    the ``[BLOCK_C, BLOCK_S]`` mask and each channel's group ``n * G + c // D``.
+    Returns sample ``n``, channels ``c`` and their mask, the spatial block
+    ``sb``, spatial indices ``s``, the ``[BLOCK_C, BLOCK_S]`` mask and each
+    channel's group ``n * G + c // D``.
     """
-    n, cb, sb = _split3(_index(tl.program_id(0), INT64), _index(sblocks, INT64), _index(cblocks, INT64))
+    n, cb, sb = _split3(pid, _index(sblocks, INT64), _index(cblocks, INT64))
     c = cb * BLOCK_C + tl.arange(0, BLOCK_C)
     cmask = c < _hint16(_index(C, INT64), ALIGNED)
     s = sb * BLOCK_S + tl.arange(0, BLOCK_S)
     mask = cmask[:, None] & (s < _hint16(_index(S, INT64), ALIGNED))[None, :]
-    return n, c, cmask, s, mask, n * _index(G, INT64) + c // _index(D, INT64)
+    return n, c, cmask, sb, s, mask, n * _index(G, INT64) + c // _index(D, INT64)
 
 
 @triton.jit(do_not_specialize=_NO_SPECIALIZE)
@@ -177,23 +182,15 @@ def _chunk_count(j, K, S, chunk):
 
 
 @triton.jit
-def _group_rows(pid, NG, C, D, G, K, BLOCK_G: tl.constexpr):
-    """Groups ``n*G + g`` of this program, their mask and where their partials start in ``ws``."""
-    gid = pid * BLOCK_G + tl.arange(0, BLOCK_G)
-    return gid, gid < NG, (gid // G * C + gid % G * D) * K
+def _merge_stats(ws, gid, gmask, C, S, D, G, K, chunk, m2_at, eps, ROWS: tl.constexpr, BLOCK_J: tl.constexpr,
+                 F64: tl.constexpr):
+    """Mean and rstd of the groups ``gid`` (one per row; a group may repeat) from their ``D x K`` partials.
 
-
-@triton.jit(do_not_specialize=_NO_SPECIALIZE)
-def _finalize_kernel(ws, mean_out, rstd_out, C: tl.int64, S: tl.int64, D: tl.int64, G: tl.int64,
-                     K: tl.int64, chunk: tl.int64, m2_at: tl.int64, stat_at: tl.int64, groups: tl.int64,
-                     eps: tl.float64, BLOCK_G: tl.constexpr, BLOCK_J: tl.constexpr, INT64: tl.constexpr,
-                     F64: tl.constexpr):
-    """Merge the ``D x K`` partials of ``BLOCK_G`` groups into their mean and rstd (Chan, fixed order)."""
-    C, S, D, G, K = _index(C, INT64), _index(S, INT64), _index(D, INT64), _index(G, INT64), _index(K, INT64)
-    chunk, NG = _index(chunk, INT64), _index(groups, INT64)
-    gid, gmask, base = _group_rows(_index(tl.program_id(0), INT64), NG, C, D, G, K, BLOCK_G)
+    Chan's formula in a fixed order: every program merging a group gets the same bits.
+    """
+    base = (gid // G * C + gid % G * D) * K
     parts = D * K
-    weighted = _acc(tl.zeros([BLOCK_G, BLOCK_J], tl.float32), F64)
+    weighted = _acc(tl.zeros([ROWS, BLOCK_J], tl.float32), F64)
     for j0 in range(0, parts, BLOCK_J):
         j = j0 + tl.arange(0, BLOCK_J)
         valid = gmask[:, None] & (j < parts)[None, :]
@@ -207,7 +204,7 @@ def _finalize_kernel(ws, mean_out, rstd_out, C: tl.int64, S: tl.int64, D: tl.int
         valid = gmask[:, None] & (j < parts)[None, :]
         at = base[:, None] + j[None, :]
         delta = tl.load(ws + at, mask=valid, other=0.0) - mean[:, None]
-        m2 = tl.load(ws + _index(m2_at, INT64) + at, mask=valid, other=0.0)
+        m2 = tl.load(ws + m2_at + at, mask=valid, other=0.0)
         spread += tl.where(valid, m2 + delta * delta * _acc(_chunk_count(j, K, S, chunk), F64)[None, :], 0.0)
     var = tl.sum(spread, axis=1) / elements
     # ``var * 0 + eps``: a tensor both compiled (fp64 scalar) and interpreted (Python float).
@@ -216,6 +213,21 @@ def _finalize_kernel(ws, mean_out, rstd_out, C: tl.int64, S: tl.int64, D: tl.int
         rstd = 1.0 / tl.sqrt(var)  # IEEE for fp64
     else:
         rstd = 1.0 / tl.sqrt_rn(var)
+    return mean, rstd
+
+
+@triton.jit(do_not_specialize=_NO_SPECIALIZE)
+def _finalize_kernel(ws, mean_out, rstd_out, C: tl.int64, S: tl.int64, D: tl.int64, G: tl.int64,
+                     K: tl.int64, chunk: tl.int64, m2_at: tl.int64, stat_at: tl.int64, groups: tl.int64,
+                     eps: tl.float64, BLOCK_G: tl.constexpr, BLOCK_J: tl.constexpr, INT64: tl.constexpr,
+                     F64: tl.constexpr):
+    """Merge the ``D x K`` partials of ``BLOCK_G`` groups into their mean and rstd (Chan, fixed order)."""
+    NG = _index(groups, INT64)
+    gid = _index(tl.program_id(0), INT64) * BLOCK_G + tl.arange(0, BLOCK_G)
+    gmask = gid < NG
+    mean, rstd = _merge_stats(ws, gid, gmask, _index(C, INT64), _index(S, INT64), _index(D, INT64),
+                              _index(G, INT64), _index(K, INT64), _index(chunk, INT64), _index(m2_at, INT64), eps,
+                              BLOCK_G, BLOCK_J, F64)
     tl.store(mean_out + gid, mean.to(mean_out.dtype.element_ty), mask=gmask)
     tl.store(rstd_out + gid, rstd.to(rstd_out.dtype.element_ty), mask=gmask)
     tl.store(ws + _index(stat_at, INT64) + gid, mean, mask=gmask)
@@ -223,19 +235,35 @@ def _finalize_kernel(ws, mean_out, rstd_out, C: tl.int64, S: tl.int64, D: tl.int
 
 
 @triton.jit(do_not_specialize=_NO_SPECIALIZE)
-def _normalize_kernel(x, y, w, b, ws, C: tl.int64, S: tl.int64, S0: tl.int64, D: tl.int64, G: tl.int64,
-                      x_sn: tl.int64, x_sc: tl.int64, x_s0: tl.int64, x_s1: tl.int64,
+def _normalize_kernel(x, y, w, b, ws, mean_out, rstd_out, C: tl.int64, S: tl.int64, S0: tl.int64, D: tl.int64,
+                      G: tl.int64, x_sn: tl.int64, x_sc: tl.int64, x_s0: tl.int64, x_s1: tl.int64,
                       y_sn: tl.int64, y_sc: tl.int64, y_s0: tl.int64, y_s1: tl.int64,
-                      cblocks: tl.int64, sblocks: tl.int64, stat_at: tl.int64, groups: tl.int64,
-                      BLOCK_C: tl.constexpr, BLOCK_S: tl.constexpr, X_UNIT: tl.constexpr, Y_UNIT: tl.constexpr,
-                      SPATIAL2: tl.constexpr, ALIGNED: tl.constexpr, HAS_W: tl.constexpr, HAS_B: tl.constexpr,
-                      INT64: tl.constexpr, F64: tl.constexpr):
-    """``y = x * (rstd * w) + (b - mean * rstd * w)`` on one ``[BLOCK_C, BLOCK_S]`` tile."""
-    n, c, cmask, s, mask, group = _elementwise_tile(C, S, D, G, cblocks, sblocks, BLOCK_C, BLOCK_S, ALIGNED, INT64)
+                      cblocks: tl.int64, sblocks: tl.int64, K: tl.int64, chunk: tl.int64, m2_at: tl.int64,
+                      stat_at: tl.int64, groups: tl.int64, eps: tl.float64,
+                      BLOCK_C: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_J: tl.constexpr, X_UNIT: tl.constexpr,
+                      Y_UNIT: tl.constexpr, SPATIAL2: tl.constexpr, ALIGNED: tl.constexpr, HAS_W: tl.constexpr,
+                      HAS_B: tl.constexpr, FUSED: tl.constexpr, INT64: tl.constexpr, F64: tl.constexpr):
+    """``y = x * (rstd * w) + (b - mean * rstd * w)`` on one ``[BLOCK_C, BLOCK_S]`` tile.
+
+    ``FUSED``: the tile's groups are merged here from the partials (step 2
+    folded in; the first spatial block of a group's first channel writes
+    ``mean_out``/``rstd_out``); otherwise they are read from ``ws``.
+    """
+    n, c, cmask, sb, s, mask, group = _elementwise_tile(_index(tl.program_id(0), INT64), C, S, D, G, cblocks,
+                                                        sblocks, BLOCK_C, BLOCK_S, ALIGNED, INT64)
     S0 = _index(S0, INT64)
-    group += _index(stat_at, INT64)
-    mean = tl.load(ws + group, mask=cmask, other=0.0)
-    scale = tl.load(ws + _index(groups, INT64) + group, mask=cmask, other=0.0)
+    if FUSED:
+        Di = _index(D, INT64)
+        mean, scale = _merge_stats(ws, group, cmask, _index(C, INT64), _index(S, INT64), Di, _index(G, INT64),
+                                   _index(K, INT64), _index(chunk, INT64), _index(m2_at, INT64), eps, BLOCK_C,
+                                   BLOCK_J, F64)
+        first = cmask & (c % Di == 0) & (c * 0 + sb == 0)  # a vector: the interpreter rejects a scalar in a mask
+        tl.store(mean_out + group, mean.to(mean_out.dtype.element_ty), mask=first)
+        tl.store(rstd_out + group, scale.to(rstd_out.dtype.element_ty), mask=first)
+    else:
+        at = group + _index(stat_at, INT64)
+        mean = tl.load(ws + at, mask=cmask, other=0.0)
+        scale = tl.load(ws + _index(groups, INT64) + at, mask=cmask, other=0.0)
     if HAS_W:
         scale *= _acc(tl.load(w + c, mask=cmask, other=0.0), F64)
     shift = -mean * scale
@@ -280,91 +308,129 @@ def _bwd_reduce_kernel(dy, x, mean, ws, C: tl.int64, S: tl.int64, S0: tl.int64, 
     tl.store(ws + _index(b_at, INT64) + at, tl.sum(plain, axis=1), mask=cmask)
 
 
+@triton.jit
+def _coefficients(ws, w, mean, rstd, gid, gmask, C, S, D, G, K, b_at, ROWS: tl.constexpr, BLOCK_J: tl.constexpr,
+                  HAS_W: tl.constexpr, F64: tl.constexpr):
+    """``q, o`` of ``dx = r*w*dy + q*x + o`` for the groups ``gid`` (one per row), from their partial sums."""
+    base = (gid // G * C + gid % G * D) * K
+    parts = D * K
+    centred = _acc(tl.zeros([ROWS, BLOCK_J], tl.float32), F64)
+    plain = centred
+    for j0 in range(0, parts, BLOCK_J):
+        j = j0 + tl.arange(0, BLOCK_J)
+        valid = gmask[:, None] & (j < parts)[None, :]
+        at = base[:, None] + j[None, :]
+        a = tl.load(ws + at, mask=valid, other=0.0)
+        s = tl.load(ws + b_at + at, mask=valid, other=0.0)
+        if HAS_W:
+            channel = (gid % G * D)[:, None] + (j // K)[None, :]
+            weight = _acc(tl.load(w + channel, mask=valid, other=0.0), F64)
+            a *= weight
+            s *= weight
+        centred += a
+        plain += s
+    r = _acc(tl.load(rstd + gid, mask=gmask, other=0.0), F64)
+    mu = _acc(tl.load(mean + gid, mask=gmask, other=0.0), F64)
+    elements = _acc(D * S, F64)
+    q = -r * r * r * tl.sum(centred, axis=1) / elements
+    o = -r * tl.sum(plain, axis=1) / elements - mu * q
+    return q, o
+
+
+@triton.jit
+def _param_sums(ws, rstd, dw, db, block, C, D, G, N, K, b_at, BLOCK_N: tl.constexpr, BLOCK_CF: tl.constexpr,
+                BLOCK_K: tl.constexpr, HAS_DW: tl.constexpr, HAS_DB: tl.constexpr, F64: tl.constexpr):
+    """``dweight``/``dbias`` of channel block ``block`` from the partial sums.
+
+    ``[BLOCK_N, BLOCK_CF, BLOCK_K]`` tiles: chunks summed, then samples (a
+    tree of fixed shape: deterministic).
+    """
+    c = block * BLOCK_CF + tl.arange(0, BLOCK_CF)
+    cmask = c < C
+    kk = tl.arange(0, BLOCK_K)
+    dw_acc = _acc(tl.zeros([BLOCK_CF], tl.float32), F64)
+    db_acc = dw_acc
+    for n0 in range(0, N, BLOCK_N):
+        n = n0 + tl.arange(0, BLOCK_N)
+        rows = (n < N)[:, None] & cmask[None, :]
+        at = ((n[:, None] * C + c[None, :]) * K)[:, :, None] + kk[None, None, :]
+        mask = rows[:, :, None] & (kk < K)[None, None, :]
+        if HAS_DW:
+            r = _acc(tl.load(rstd + n[:, None] * G + (c // D)[None, :], mask=rows, other=0.0), F64)
+            dw_acc += tl.sum(tl.sum(tl.load(ws + at, mask=mask, other=0.0), axis=2) * r, axis=0)
+        if HAS_DB:
+            db_acc += tl.sum(tl.sum(tl.load(ws + b_at + at, mask=mask, other=0.0), axis=2), axis=0)
+    if HAS_DW:
+        tl.store(dw + c, dw_acc.to(dw.dtype.element_ty), mask=cmask)
+    if HAS_DB:
+        tl.store(db + c, db_acc.to(db.dtype.element_ty), mask=cmask)
+
+
 @triton.jit(do_not_specialize=_NO_SPECIALIZE)
 def _bwd_finalize_kernel(ws, w, mean, rstd, dw, db, C: tl.int64, S: tl.int64, D: tl.int64, G: tl.int64,
                          N: tl.int64, K: tl.int64, b_at: tl.int64, q_at: tl.int64, groups: tl.int64,
                          num_coef: tl.int64, BLOCK_G: tl.constexpr, BLOCK_J: tl.constexpr,
                          BLOCK_N: tl.constexpr, BLOCK_CF: tl.constexpr, BLOCK_K: tl.constexpr, HAS_W: tl.constexpr,
-                         HAS_DW: tl.constexpr,
-                         HAS_DB: tl.constexpr, INT64: tl.constexpr, F64: tl.constexpr):
+                         HAS_DW: tl.constexpr, HAS_DB: tl.constexpr, INT64: tl.constexpr, F64: tl.constexpr):
     """Programs ``< num_coef``: ``q, o`` of ``BLOCK_G`` groups; the others: ``dw, db`` of a channel block."""
     pid = _index(tl.program_id(0), INT64)
     C, S, D, G, K = _index(C, INT64), _index(S, INT64), _index(D, INT64), _index(G, INT64), _index(K, INT64)
-    num_coef, NG = _index(num_coef, INT64), _index(groups, INT64)
+    num_coef, NG, b_at = _index(num_coef, INT64), _index(groups, INT64), _index(b_at, INT64)
     if pid < num_coef:
-        gid, gmask, base = _group_rows(pid, NG, C, D, G, K, BLOCK_G)
-        parts = D * K
-        centred = _acc(tl.zeros([BLOCK_G, BLOCK_J], tl.float32), F64)
-        plain = centred
-        for j0 in range(0, parts, BLOCK_J):
-            j = j0 + tl.arange(0, BLOCK_J)
-            valid = gmask[:, None] & (j < parts)[None, :]
-            at = base[:, None] + j[None, :]
-            a = tl.load(ws + at, mask=valid, other=0.0)
-            s = tl.load(ws + _index(b_at, INT64) + at, mask=valid, other=0.0)
-            if HAS_W:
-                channel = (gid % G * D)[:, None] + (j // K)[None, :]
-                weight = _acc(tl.load(w + channel, mask=valid, other=0.0), F64)
-                a *= weight
-                s *= weight
-            centred += a
-            plain += s
-        r = _acc(tl.load(rstd + gid, mask=gmask, other=0.0), F64)
-        mu = _acc(tl.load(mean + gid, mask=gmask, other=0.0), F64)
-        elements = _acc(D * S, F64)
-        q = -r * r * r * tl.sum(centred, axis=1) / elements
-        o = -r * tl.sum(plain, axis=1) / elements - mu * q
+        gid = pid * BLOCK_G + tl.arange(0, BLOCK_G)
+        gmask = gid < NG
+        q, o = _coefficients(ws, w, mean, rstd, gid, gmask, C, S, D, G, K, b_at, BLOCK_G, BLOCK_J, HAS_W, F64)
         tl.store(ws + _index(q_at, INT64) + gid, q, mask=gmask)
         tl.store(ws + _index(q_at, INT64) + NG + gid, o, mask=gmask)
     else:
-        # [BLOCK_N, BLOCK_CF, BLOCK_K] tiles: chunks summed, then samples (a tree of fixed shape: deterministic).
-        c = (pid - num_coef) * BLOCK_CF + tl.arange(0, BLOCK_CF)
-        cmask = c < C
-        kk = tl.arange(0, BLOCK_K)
-        samples = _index(N, INT64)
-        dw_acc = _acc(tl.zeros([BLOCK_CF], tl.float32), F64)
-        db_acc = dw_acc
-        for n0 in range(0, samples, BLOCK_N):
-            n = n0 + tl.arange(0, BLOCK_N)
-            rows = (n < samples)[:, None] & cmask[None, :]
-            at = ((n[:, None] * C + c[None, :]) * K)[:, :, None] + kk[None, None, :]
-            mask = rows[:, :, None] & (kk < K)[None, None, :]
-            if HAS_DW:
-                r = _acc(tl.load(rstd + n[:, None] * G + (c // D)[None, :], mask=rows, other=0.0), F64)
-                dw_acc += tl.sum(tl.sum(tl.load(ws + at, mask=mask, other=0.0), axis=2) * r, axis=0)
-            if HAS_DB:
-                db_acc += tl.sum(tl.sum(tl.load(ws + _index(b_at, INT64) + at, mask=mask, other=0.0), axis=2),
-                                 axis=0)
-        if HAS_DW:
-            tl.store(dw + c, dw_acc.to(dw.dtype.element_ty), mask=cmask)
-        if HAS_DB:
-            tl.store(db + c, db_acc.to(db.dtype.element_ty), mask=cmask)
+        _param_sums(ws, rstd, dw, db, pid - num_coef, C, D, G, _index(N, INT64), K, b_at, BLOCK_N, BLOCK_CF,
+                    BLOCK_K, HAS_DW, HAS_DB, F64)
 
 
 @triton.jit(do_not_specialize=_NO_SPECIALIZE)
-def _bwd_dx_kernel(dy, x, dx, w, rstd, ws, C: tl.int64, S: tl.int64, S0: tl.int64, D: tl.int64, G: tl.int64,
+def _bwd_dx_kernel(dy, x, dx, w, mean, rstd, ws, dw, db, C: tl.int64, S: tl.int64, S0: tl.int64, D: tl.int64,
+                   G: tl.int64, N: tl.int64, K: tl.int64,
                    dy_sn: tl.int64, dy_sc: tl.int64, dy_s0: tl.int64, dy_s1: tl.int64,
                    x_sn: tl.int64, x_sc: tl.int64, x_s0: tl.int64, x_s1: tl.int64,
                    dx_sn: tl.int64, dx_sc: tl.int64, dx_s0: tl.int64, dx_s1: tl.int64,
-                   cblocks: tl.int64, sblocks: tl.int64, q_at: tl.int64, groups: tl.int64,
-                   BLOCK_C: tl.constexpr, BLOCK_S: tl.constexpr, DY_UNIT: tl.constexpr, X_UNIT: tl.constexpr,
-                   DX_UNIT: tl.constexpr, SPATIAL2: tl.constexpr, ALIGNED: tl.constexpr, HAS_W: tl.constexpr,
+                   cblocks: tl.int64, sblocks: tl.int64, b_at: tl.int64, q_at: tl.int64, groups: tl.int64,
+                   dx_programs: tl.int64, BLOCK_C: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_J: tl.constexpr,
+                   BLOCK_N: tl.constexpr, BLOCK_CF: tl.constexpr, BLOCK_K: tl.constexpr, DY_UNIT: tl.constexpr,
+                   X_UNIT: tl.constexpr, DX_UNIT: tl.constexpr, SPATIAL2: tl.constexpr, ALIGNED: tl.constexpr,
+                   HAS_W: tl.constexpr, HAS_DW: tl.constexpr, HAS_DB: tl.constexpr, FUSED: tl.constexpr,
                    INT64: tl.constexpr, F64: tl.constexpr):
-    """``dx = rstd * w * dy + q * x + o`` on one ``[BLOCK_C, BLOCK_S]`` tile."""
-    n, c, cmask, s, mask, group = _elementwise_tile(C, S, D, G, cblocks, sblocks, BLOCK_C, BLOCK_S, ALIGNED, INT64)
-    S0 = _index(S0, INT64)
-    p = _acc(tl.load(rstd + group, mask=cmask, other=0.0), F64)
-    if HAS_W:
-        p *= _acc(tl.load(w + c, mask=cmask, other=0.0), F64)
-    q = tl.load(ws + _index(q_at, INT64) + group, mask=cmask, other=0.0)
-    o = tl.load(ws + _index(q_at, INT64) + _index(groups, INT64) + group, mask=cmask, other=0.0)
-    dy_offs = _offsets(n, c, s, dy_sn, dy_sc, dy_s0, dy_s1, S0, DY_UNIT, SPATIAL2, ALIGNED, INT64)
-    x_offs = _offsets(n, c, s, x_sn, x_sc, x_s0, x_s1, S0, X_UNIT, SPATIAL2, ALIGNED, INT64)
-    g = _acc(tl.load(dy + dy_offs, mask=mask, other=0.0), F64)
-    v = _acc(tl.load(x + x_offs, mask=mask, other=0.0), F64)
-    out = p[:, None] * g + q[:, None] * v + o[:, None]
-    dx_offs = _offsets(n, c, s, dx_sn, dx_sc, dx_s0, dx_s1, S0, DX_UNIT, SPATIAL2, ALIGNED, INT64)
-    tl.store(dx + dx_offs, out.to(dx.dtype.element_ty), mask=mask)
+    """``dx = rstd * w * dy + q * x + o`` on one ``[BLOCK_C, BLOCK_S]`` tile per program ``< dx_programs``.
+
+    ``FUSED`` (step 2 folded in): each tile merges its groups' ``q, o`` from
+    the partial sums, and the programs past ``dx_programs`` compute
+    ``dweight``/``dbias``; otherwise ``q, o`` are read from ``ws``.
+    """
+    pid = _index(tl.program_id(0), INT64)
+    if pid < _index(dx_programs, INT64):
+        n, c, cmask, sb, s, mask, group = _elementwise_tile(pid, C, S, D, G, cblocks, sblocks, BLOCK_C, BLOCK_S,
+                                                            ALIGNED, INT64)
+        inner = _index(S0, INT64)  # a new name: a runtime branch may not retype S0
+        p = _acc(tl.load(rstd + group, mask=cmask, other=0.0), F64)
+        if HAS_W:
+            p *= _acc(tl.load(w + c, mask=cmask, other=0.0), F64)
+        if FUSED:
+            q, o = _coefficients(ws, w, mean, rstd, group, cmask, _index(C, INT64), _index(S, INT64),
+                                 _index(D, INT64), _index(G, INT64), _index(K, INT64), _index(b_at, INT64), BLOCK_C,
+                                 BLOCK_J, HAS_W, F64)
+        else:
+            q = tl.load(ws + _index(q_at, INT64) + group, mask=cmask, other=0.0)
+            o = tl.load(ws + _index(q_at, INT64) + _index(groups, INT64) + group, mask=cmask, other=0.0)
+        dy_offs = _offsets(n, c, s, dy_sn, dy_sc, dy_s0, dy_s1, inner, DY_UNIT, SPATIAL2, ALIGNED, INT64)
+        x_offs = _offsets(n, c, s, x_sn, x_sc, x_s0, x_s1, inner, X_UNIT, SPATIAL2, ALIGNED, INT64)
+        g = _acc(tl.load(dy + dy_offs, mask=mask, other=0.0), F64)
+        v = _acc(tl.load(x + x_offs, mask=mask, other=0.0), F64)
+        out = p[:, None] * g + q[:, None] * v + o[:, None]
+        dx_offs = _offsets(n, c, s, dx_sn, dx_sc, dx_s0, dx_s1, inner, DX_UNIT, SPATIAL2, ALIGNED, INT64)
+        tl.store(dx + dx_offs, out.to(dx.dtype.element_ty), mask=mask)
+    else:
+        _param_sums(ws, rstd, dw, db, pid - _index(dx_programs, INT64), _index(C, INT64), _index(D, INT64),
+                    _index(G, INT64), _index(N, INT64), _index(K, INT64), _index(b_at, INT64), BLOCK_N, BLOCK_CF,
+                    BLOCK_K, HAS_DW, HAS_DB, F64)
 
 
 # --------------------------------------------------------------------------- host: layout
@@ -464,6 +530,11 @@ def plan_tiling(N: int, C: int, HxW: int, channel_inner: bool, device: torch.dev
     return Tiling(block_c, block_s, cblocks, sblocks, cdiv(sblocks, chunk_tiles), chunk_tiles)
 
 
+def _fuses(tiling: Tiling, D: int) -> bool:
+    """Whether step 2 folds into step 3: each tile merges its own groups' ``D x K`` partials."""
+    return tiling.block_c * next_pow2(D * tiling.K) <= FUSE_LIMIT
+
+
 def _group_blocks(groups: int, parts: int) -> tuple[int, int]:
     """``(BLOCK_G, BLOCK_J)`` of the finalize kernels: several small groups per program."""
     block_j = min(next_pow2(parts), FINALIZE_TILE)
@@ -561,7 +632,9 @@ class ForwardPlan:
     acc_dtype: torch.dtype
     ws_size: int
     x_contiguous: torch.memory_format | None
-    launches: tuple[tuple[FastLauncher, tuple[int, ...], tuple[int, ...]], ...]
+    stats: tuple[FastLauncher, tuple[int, ...], tuple[int, ...]]
+    finalize: tuple[FastLauncher, tuple[int, ...], tuple[int, ...]] | None
+    normalize: tuple[FastLauncher, tuple[int, ...], tuple[int, ...]]
 
 
 _FORWARD_PLANS: dict[tuple, ForwardPlan] = {}
@@ -581,24 +654,29 @@ def _forward_plan(x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tens
     f64 = x.dtype == torch.float64
     K, NG, D = tiling.K, N * group, C // group
     m2_at, stat_at = N * C * K, 2 * N * C * K
+    chunk = tiling.chunk_tiles * tiling.block_s
+    fused = _fuses(tiling, D)
     common = {"INT64": layout.int64, "F64": f64}
     tile = {"BLOCK_C": tiling.block_c, "BLOCK_S": tiling.block_s, "SPATIAL2": layout.spatial2,
             "ALIGNED": layout.aligned}
     stats = _launcher(_stats_kernel, X_UNIT=layout.units[0], **tile, **common)
-    block_g, block_j = _group_blocks(NG, D * K)
-    finalize = _launcher(_finalize_kernel, BLOCK_G=block_g, BLOCK_J=block_j, **common)
+    finalize = None
+    if not fused:
+        block_g, block_j = _group_blocks(NG, D * K)
+        finalize = (_launcher(_finalize_kernel, BLOCK_G=block_g, BLOCK_J=block_j, **common), (cdiv(NG, block_g),),
+                    (C, HxW, D, group, K, chunk, m2_at, stat_at, NG))
     normalize = _launcher(_normalize_kernel, X_UNIT=layout.units[0], Y_UNIT=layout.units[1],
-                          HAS_W=weight is not None, HAS_B=bias is not None, **tile, **common)
+                          HAS_W=weight is not None, HAS_B=bias is not None, FUSED=fused,
+                          BLOCK_J=next_pow2(D * K) if fused else 1, **tile, **common)
     xs, ys = layout.strides
-    launches = (
+    return ForwardPlan(
+        y_format, _param_dtype(x, (weight, bias)), torch.float64 if f64 else torch.float32,
+        stat_at if fused else stat_at + 2 * NG, x_contiguous,
         (stats, (N * tiling.cblocks * K,), (C, HxW, layout.S0, *xs, tiling.cblocks, K, tiling.chunk_tiles, m2_at)),
-        (finalize, (cdiv(NG, block_g),),
-         (C, HxW, D, group, K, tiling.chunk_tiles * tiling.block_s, m2_at, stat_at, NG)),
+        finalize,
         (normalize, (N * tiling.cblocks * tiling.sblocks,),
-         (C, HxW, layout.S0, D, group, *xs, *ys, tiling.cblocks, tiling.sblocks, stat_at, NG)),
+         (C, HxW, layout.S0, D, group, *xs, *ys, tiling.cblocks, tiling.sblocks, K, chunk, m2_at, stat_at, NG)),
     )
-    return ForwardPlan(y_format, _param_dtype(x, (weight, bias)), torch.float64 if f64 else torch.float32,
-                       stat_at + 2 * NG, x_contiguous, launches)
 
 
 def _param_key(p: torch.Tensor | None) -> tuple | None:
@@ -629,10 +707,15 @@ def native_group_norm(input: torch.Tensor, weight: torch.Tensor | None, bias: to
     mean = torch.empty((N, group), dtype=plan.stat_dtype, device=device)
     rstd = torch.empty((N, group), dtype=plan.stat_dtype, device=device)
     ws = torch.empty(plan.ws_size, dtype=plan.acc_dtype, device=device)
-    (stats, grid0, args0), (finalize, grid1, args1), (normalize, grid2, args2) = plan.launches
+    eps = float(eps)
+    stats, grid0, args0 = plan.stats
     stats(grid0, x, ws, *args0)
-    finalize(grid1, ws, mean, rstd, *args1, float(eps))
-    normalize(grid2, x, y, x if weight is None else _dense(weight), x if bias is None else _dense(bias), ws, *args2)
+    if plan.finalize is not None:
+        finalize, grid1, args1 = plan.finalize
+        finalize(grid1, ws, mean, rstd, *args1, eps)
+    normalize, grid2, args2 = plan.normalize
+    normalize(grid2, x, y, x if weight is None else _dense(weight), x if bias is None else _dense(bias), ws, mean,
+              rstd, *args2, eps)
     return y, mean, rstd
 
 
@@ -670,7 +753,7 @@ class BackwardPlan:
     ws_size: int
     copy_format: torch.memory_format | None
     reduce: tuple[FastLauncher, tuple[int, ...], tuple[int, ...]]
-    finalize: tuple[FastLauncher, tuple[int, ...], tuple[int, ...]]
+    finalize: tuple[FastLauncher, tuple[int, ...], tuple[int, ...]] | None
     dx: tuple[FastLauncher, tuple[int, ...], tuple[int, ...]] | None
 
 
@@ -707,25 +790,33 @@ def _backward_plan(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor | Non
     block_k = next_pow2(K)
     spread = next_pow2(cdiv(C, _target_programs(x.device.type, x.device.index or 0)))
     block_cf = max(min(max(spread, PARAM_MIN_CHANNELS), FINALIZE_TILE // block_k, next_pow2(C)), 1)
-    block_n = max(min(next_pow2(N), PARAM_TILE // (block_k * block_cf)), 1)
-    block_g, block_j = _group_blocks(NG, D * K)
-    finalize = _launcher(_bwd_finalize_kernel, BLOCK_G=block_g, BLOCK_J=block_j, BLOCK_N=block_n,
-                         BLOCK_CF=block_cf, BLOCK_K=block_k, HAS_W=weight is not None, HAS_DW=mask[1],
-                         HAS_DB=mask[2], **common)
-    num_coef = cdiv(NG, block_g) if mask[0] else 0
+    params = {"BLOCK_N": max(min(next_pow2(N), PARAM_TILE // (block_k * block_cf)), 1), "BLOCK_CF": block_cf,
+              "BLOCK_K": block_k, "HAS_DW": mask[1], "HAS_DB": mask[2]}
     param_programs = cdiv(C, block_cf) if mask[1] or mask[2] else 0
-    dx = None
+    fused = mask[0] and _fuses(tiling, D)
+    finalize = dx = None
+    if not fused:
+        block_g, block_j = _group_blocks(NG, D * K)
+        num_coef = cdiv(NG, block_g) if mask[0] else 0
+        finalize = (_launcher(_bwd_finalize_kernel, BLOCK_G=block_g, BLOCK_J=block_j, HAS_W=weight is not None,
+                              **params, **common),
+                    (num_coef + param_programs,), (C, HxW, D, group, N, K, b_at, q_at, NG, num_coef))
     if mask[0]:
-        dx = (_launcher(_bwd_dx_kernel, DY_UNIT=dy_unit, X_UNIT=x_unit, DX_UNIT=dx_unit,
-                        HAS_W=weight is not None, **tile, **common),
-              (N * tiling.cblocks * tiling.sblocks,),
-              (C, HxW, layout.S0, D, group, *dys, *xs, *dxs, tiling.cblocks, tiling.sblocks, q_at, NG))
+        dx_programs = N * tiling.cblocks * tiling.sblocks
+        if not fused:  # the finalize launch computes dweight/dbias
+            params, param_programs = {"BLOCK_N": 1, "BLOCK_CF": 1, "BLOCK_K": 1, "HAS_DW": False,
+                                      "HAS_DB": False}, 0
+        dx = (_launcher(_bwd_dx_kernel, DY_UNIT=dy_unit, X_UNIT=x_unit, DX_UNIT=dx_unit, HAS_W=weight is not None,
+                        FUSED=fused, BLOCK_J=next_pow2(D * K) if fused else 1, **params, **tile, **common),
+              (dx_programs + param_programs,),
+              (C, HxW, layout.S0, D, group, N, K, *dys, *xs, *dxs, tiling.cblocks, tiling.sblocks, b_at, q_at, NG,
+               dx_programs))
     return BackwardPlan(
-        dx_like_x, dx_format, torch.float64 if f64 else torch.float32, q_at + 2 * NG, copy_format,
+        dx_like_x, dx_format, torch.float64 if f64 else torch.float32, q_at if fused else q_at + 2 * NG,
+        copy_format,
         (reduce, (N * tiling.cblocks * K,),
          (C, HxW, layout.S0, D, group, *dys, *xs, tiling.cblocks, K, tiling.chunk_tiles, b_at)),
-        (finalize, (num_coef + param_programs,), (C, HxW, D, group, N, K, b_at, q_at, NG, num_coef)),
-        dx,
+        finalize, dx,
     )
 
 
@@ -760,13 +851,15 @@ def native_group_norm_backward(grad_out: torch.Tensor, input: torch.Tensor, mean
     w = mean if weight is None else _dense(weight)
     reduce, grid0, args0 = plan.reduce
     reduce(grid0, dy, x, mean, ws, *args0)
-    finalize, grid1, args1 = plan.finalize
-    if grid1[0]:
-        finalize(grid1, ws, w, mean, rstd, ws if dw is None else dw, ws if db is None else db, *args1)
+    dw_out, db_out = ws if dw is None else dw, ws if db is None else db
+    if plan.finalize is not None:
+        finalize, grid1, args1 = plan.finalize
+        if grid1[0]:
+            finalize(grid1, ws, w, mean, rstd, dw_out, db_out, *args1)
     dx = None
     if plan.dx is not None:
         dx = (torch.empty_like(input) if plan.dx_like_x
               else torch.empty_like(input, memory_format=plan.dx_format))
         launch, grid2, args2 = plan.dx
-        launch(grid2, dy, x, dx, w, rstd, ws, *args2)
+        launch(grid2, dy, x, dx, w, mean, rstd, ws, dw_out, db_out, *args2)
     return dx, dw, db
