@@ -19,6 +19,8 @@ Sections:
 * ``launch_args``: host time of one FastLauncher launch against the kernel's
   argument count. ``autograd_launch``: the same launch in autograd's forward
   and backward threads, and a per-call timeline of group_norm forward+backward.
+  ``passthrough``: small workloads through a Python kernel that only calls
+  torch's own (the floor of any Python-registered implementation).
 * ``index``: index_select / index_copy against torch; ``index_sweep``: the
   small-workload tile constants of ``flaggems.toolkit.indexing``
   (``MIN_PROGRAMS``, ``MIN_TILE``, ``ELEMENTS_PER_WARP``; run 2 swept
@@ -28,12 +30,13 @@ Sections:
 from __future__ import annotations
 
 import argparse
+import contextlib
 import itertools
 import json
 import statistics
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import torch
 import torch.nn.functional as F  # noqa: N812
@@ -274,10 +277,42 @@ def probe_group_norm() -> None:
             print(f"   kernels {part}: " + ", ".join(f"{k}={v:.1f}" for k, v in sorted(kernels.items())), flush=True)
 
 
-def _gn_split_launches(real_call: Callable) -> None:
+def _noop(*args: object) -> None:
+    return None
+
+
+@contextlib.contextmanager
+def _gn_raw_launches(make_raw: Callable[[object, Callable], Callable]) -> Iterator[None]:
+    """Replace the bound raw launch of every group_norm launcher with ``make_raw(launcher, raw)``.
+
+    Launchers enter a generated function directly (``FastLauncher`` docs), so
+    launches are stubbed or timed at their raw call; plans must exist (call
+    the workload once first).
+    """
+    from flaggems.plugins.generic import group_norm as gn
+
+    launchers = {}
+    for plans in (gn._FORWARD_PLANS, gn._BACKWARD_PLANS):
+        for plan in plans.values():
+            for name in ("stats", "finalize", "normalize", "reduce", "dx"):
+                entry = getattr(plan, name, None)
+                if entry is not None:
+                    launchers[id(entry[0])] = entry[0]
+    saved = {key: dict(launcher._bound) for key, launcher in launchers.items()}
+    for launcher in launchers.values():
+        for key, (raw, prefix) in list(launcher._bound.items()):
+            launcher._bound[key] = (make_raw(launcher, raw), prefix)
+    try:
+        yield
+    finally:
+        for key, launcher in launchers.items():
+            launcher._bound.clear()
+            launcher._bound.update(saved[key])
+
+
+def _gn_split_launches() -> None:
     """Forward+backward through autograd with only the forward's, or only the backward's, launches real."""
     from flaggems.plugins.generic import group_norm as gn
-    from flaggems.toolkit.launch import FastLauncher
 
     forward_kernels = {gn._stats_kernel, gn._finalize_kernel, gn._normalize_kernel}
     calls = _gn_calls(*GN_CONFIGS[1])
@@ -286,15 +321,14 @@ def _gn_split_launches(real_call: Callable) -> None:
         return calls["native fwd contiguous x"](), calls["bwd"]()
 
     for label, stub_forward in (("backward stubbed", False), ("forward stubbed", True)):
-        def partial(self, grid, *args, stub_forward=stub_forward):
-            if (self.fn in forward_kernels) != stub_forward:
-                real_call(self, grid, *args)
-        FastLauncher.__call__ = partial
+        def partial(launcher, raw, stub_forward=stub_forward):
+            return _noop if (launcher.fn in forward_kernels) == stub_forward else raw
         flaggems.enable()
         try:
-            value = host_us(calls["fwd+bwd"], 500)
+            calls["fwd+bwd"]()
+            with _gn_raw_launches(partial):
+                value = host_us(calls["fwd+bwd"], 500)
         finally:
-            FastLauncher.__call__ = real_call
             flaggems.disable()
         RESULTS[f"gn host split fwd+bwd {label}"] = value
         print(f"gn host contig 2x320 fwd+bwd, {label}: {value:.1f}", flush=True)
@@ -320,9 +354,6 @@ def probe_group_norm_host() -> None:
     import io
     import pstats
 
-    from flaggems.toolkit.launch import FastLauncher
-
-    real_call = FastLauncher.__call__
     for config in GN_CONFIGS:
         label = _gn_label(*config)
         for part, fn in _gn_calls(*config).items():
@@ -330,15 +361,14 @@ def probe_group_norm_host() -> None:
             row = {"torch": host_us(fn, 500)}
             flaggems.enable()
             row["ours"] = host_us(fn, 500)
-            FastLauncher.__call__ = lambda self, grid, *args: None
             try:
-                row["ours, launches stubbed"] = host_us(fn, 500)
+                with _gn_raw_launches(lambda launcher, raw: _noop):  # group_norm's launches (not copy_'s)
+                    row["ours, launches stubbed"] = host_us(fn, 500)
             finally:
-                FastLauncher.__call__ = real_call
                 flaggems.disable()
             RESULTS[f"gn host {label} {part}"] = row
             print(f"gn host {label:34s} {part:26s} " + " ".join(f"{k}={v:.1f}" for k, v in row.items()), flush=True)
-    _gn_split_launches(real_call)
+    _gn_split_launches()
     fn = _gn_calls(*GN_CONFIGS[1])["fwd+bwd"]
     flaggems.enable()
     try:
@@ -424,17 +454,17 @@ def _timeline(fn: Callable[[], object], iterations: int = 400) -> dict[str, floa
     """
     import threading
 
-    from flaggems.toolkit.launch import FastLauncher
-
-    real = FastLauncher.__call__
     marks: list[tuple[str, int]] = []
 
-    def timed(self, grid, *args):
-        thread = "main" if threading.current_thread() is threading.main_thread() else "worker"
-        name = _launch_name(self)
-        marks.append((f"{thread}:{name}>", time.perf_counter_ns()))
-        real(self, grid, *args)
-        marks.append((f"{thread}:{name}<", time.perf_counter_ns()))
+    def timed(launcher, raw):
+        name = _launch_name(launcher)
+
+        def launch(*args):
+            thread = "main" if threading.current_thread() is threading.main_thread() else "worker"
+            marks.append((f"{thread}:{name}>", time.perf_counter_ns()))
+            raw(*args)
+            marks.append((f"{thread}:{name}<", time.perf_counter_ns()))
+        return launch
 
     from flaggems.plugins.generic import group_norm as gn
 
@@ -453,24 +483,28 @@ def _timeline(fn: Callable[[], object], iterations: int = 400) -> dict[str, floa
     gn.native_group_norm_backward = marked(originals[1], "bwd")
     flaggems.enable()
     gn.native_group_norm, gn.native_group_norm_backward = originals
-    FastLauncher.__call__ = timed
     gaps: dict[str, list[float]] = {}
     try:
         fn()
         torch.cuda.synchronize()
-        for _ in range(iterations):
-            marks.clear()
-            marks.append(("start", time.perf_counter_ns()))
-            fn()
-            marks.append(("end", time.perf_counter_ns()))
-            for (a, ta), (b, tb) in zip(marks, marks[1:]):
-                gaps.setdefault(f"{a} -> {b}", []).append((tb - ta) / 1e3)
-            gaps.setdefault("total", []).append((marks[-1][1] - marks[0][1]) / 1e3)
-            torch.cuda.synchronize()
+        with _gn_raw_launches(timed):
+            _collect_gaps(fn, marks, gaps, iterations)
     finally:
-        FastLauncher.__call__ = real
         flaggems.disable()
     return {k: statistics.median(v) for k, v in gaps.items()}
+
+
+def _collect_gaps(fn: Callable[[], object], marks: list, gaps: dict, iterations: int) -> None:
+    """Call ``fn`` ``iterations`` times, collecting the gaps between consecutive marks."""
+    for _ in range(iterations):
+        marks.clear()
+        marks.append(("start", time.perf_counter_ns()))
+        fn()
+        marks.append(("end", time.perf_counter_ns()))
+        for (a, ta), (b, tb) in zip(marks, marks[1:]):
+            gaps.setdefault(f"{a} -> {b}", []).append((tb - ta) / 1e3)
+        gaps.setdefault("total", []).append((marks[-1][1] - marks[0][1]) / 1e3)
+        torch.cuda.synchronize()
 
 
 def _python_kernel_cost(calls: dict[str, Callable[[], object]]) -> None:
@@ -499,6 +533,50 @@ def _python_kernel_cost(calls: dict[str, Callable[[], object]]) -> None:
     for flow in flows:
         print(f"python kernel cost, contig 2x320 {flow}: native={RESULTS[f'python kernel cost {flow} native']:.1f} "
               f"pass-through={RESULTS[f'python kernel cost {flow} pass-through']:.1f}", flush=True)
+
+
+def _passthrough_cases() -> dict[str, tuple[str, Callable[[], object]]]:
+    """Small host-bound seed workloads: (overload its route overrides, the call)."""
+    torch.manual_seed(0)
+    repeats = torch.randint(0, 100, (17096,), device="cuda")
+    total = int(repeats.sum())
+    table = torch.randn(4096, 4096, device="cuda", dtype=torch.float16)
+    rows = torch.randint(0, 4096, (2048,), device="cuda")
+    src, dst = torch.randn(4096, device="cuda"), torch.empty(4096, device="cuda")
+    return {
+        "repeat_interleave Tensor output_size 17096 rows": (
+            "repeat_interleave.Tensor", lambda: torch.repeat_interleave(repeats, output_size=total)),
+        "index_select [4096x4096] dim0 idx2048 fp16": ("index_select", lambda: torch.index_select(table, 0, rows)),
+        "copy_ contiguous 4096 fp32": ("copy_", lambda: dst.copy_(src)),
+    }
+
+
+def probe_passthrough() -> None:
+    """Kernel time (do_bench) of small workloads: torch, a pass-through Python kernel, and ours.
+
+    The pass-through override calls torch's own kernel and nothing else, so
+    its time is the floor of any Python-registered implementation of a
+    host-bound call: what torch's dispatcher charges to enter Python.
+    """
+    from flaggems.binding import NativeKernel
+
+    for label, (op, fn) in _passthrough_cases().items():
+        flaggems.disable()
+        row = {"torch_us": kernel_us(fn)}
+        library = torch.library.Library("aten", "IMPL")
+        native = NativeKernel.capture(op, "CUDA")
+        library.impl(op, lambda *args, native=native, **kwargs: native(*args, **kwargs), "CUDA")
+        try:
+            row["passthrough_us"] = kernel_us(fn)
+        finally:
+            library._destroy()
+        flaggems.enable()
+        try:
+            row["ours_us"] = kernel_us(fn)
+        finally:
+            flaggems.disable()
+        RESULTS[f"passthrough {label}"] = row
+        print(f"passthrough {label:50s} " + " ".join(f"{k}={v:.2f}" for k, v in row.items()), flush=True)
 
 
 def probe_autograd_launch() -> None:
@@ -657,7 +735,7 @@ SECTIONS = {
     "group_norm": (probe_group_norm,), "group_norm_host": (probe_group_norm_host,),
     "group_norm_sweep": (probe_group_norm_sweep,),
     "index": (probe_index,), "index_sweep": (probe_index_sweep,), "launch_args": (probe_launch_args,),
-    "autograd_launch": (probe_autograd_launch,),
+    "autograd_launch": (probe_autograd_launch,), "passthrough": (probe_passthrough,),
 }
 
 

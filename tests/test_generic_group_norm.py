@@ -20,6 +20,7 @@ from conftest import ran, run_compiled
 
 import flaggems
 from flaggems import testing
+from flaggems.binding import native_scope
 from flaggems.plugins.generic import group_norm as gn
 
 DEV = torch.device(flaggems.backend().device_type)
@@ -27,10 +28,15 @@ A = torch.ops.aten
 
 
 def reference(x, group, weight, bias, dy, eps=1e-5):
-    """Output and gradients of ``F.group_norm`` in float64 on contiguous copies (native torch)."""
-    x64, w64, b64 = (t.detach().double().contiguous().requires_grad_() for t in (x, weight, bias))
-    y = F.group_norm(x64, group, w64, b64, eps)
-    return (y, *torch.autograd.grad(y, (x64, w64, b64), dy.double()))
+    """Output and gradients of ``F.group_norm`` in float64 on contiguous copies (native torch).
+
+    In a native scope: with flaggems enabled on a machine without a GPU, CPU
+    tensors would otherwise be routed to the kernels under test.
+    """
+    with native_scope():
+        x64, w64, b64 = (t.detach().double().contiguous().requires_grad_() for t in (x, weight, bias))
+        y = F.group_norm(x64, group, w64, b64, eps)
+        return (y, *torch.autograd.grad(y, (x64, w64, b64), dy.double()))
 
 
 def assert_close(actual, expected, ulps=256):

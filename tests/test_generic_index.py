@@ -6,6 +6,7 @@ import pytest
 import torch
 
 import flaggems
+from flaggems.binding import native_scope
 from flaggems.toolkit import checks
 
 DEV = torch.device(flaggems.backend().device_type)
@@ -16,6 +17,12 @@ def seed_repeats(rows: int, items: int, dev=DEV) -> torch.Tensor:
     r = torch.full((rows,), items // rows, dtype=torch.int64, device=dev)
     r[: items % rows] += 1
     return r
+
+
+def native_repeat_interleave(*args, **kwargs) -> torch.Tensor:
+    """torch's own kernel: on a machine without a GPU flaggems routes CPU tensors too."""
+    with native_scope():
+        return torch.repeat_interleave(*args, **kwargs)
 
 
 @pytest.fixture
@@ -42,17 +49,20 @@ def test_out_of_range_gather_writes_zeros(unchecked):
     assert torch.equal(out, torch.tensor([[1.0, 0], [5, 0], [9, 0]], device=DEV))
 
 
-@pytest.fixture
-def small_tiles(monkeypatch):
+@pytest.fixture(params=[2, 64], ids=["sub-block-search", "sub-block-window"])
+def small_tiles(monkeypatch, request):
     """The repeat_interleave kernel with 8-element blocks of 2-element sub-blocks and a 4-way search.
 
     Many programs, and every one of its three searches takes several steps.
+    With a 2-row window most blocks search their sub-blocks' rows; with 64
+    every block counts them from one load.
     """
     from flaggems.plugins.generic import repeat_interleave as ri
 
     monkeypatch.setattr(ri, "BLOCK", 8)
     monkeypatch.setattr(ri, "SUB", 2)
     monkeypatch.setattr(ri, "FANOUT", 4)
+    monkeypatch.setattr(ri, "WINDOW", request.param)
     monkeypatch.setattr(ri, "_LAUNCHERS", {})
     return ri
 
@@ -72,7 +82,7 @@ EXPAND_PATTERNS = {
 def test_expand_matches_torch(pattern, dtype, unchecked, small_tiles):
     repeats = torch.tensor(EXPAND_PATTERNS[pattern], dtype=dtype, device=DEV)
     total = int(repeats.sum())
-    expected = torch.repeat_interleave(repeats.cpu())
+    expected = native_repeat_interleave(repeats.cpu())
     assert torch.equal(torch.repeat_interleave(repeats, output_size=total).cpu(), expected)
     assert torch.equal(torch.repeat_interleave(repeats).cpu(), expected)
     for values in (torch.arange(100, 100 + repeats.numel(), device=DEV),
@@ -86,7 +96,7 @@ def test_expand_many_sparse_rows(unchecked):
     """More rows than FANOUT**2 (a three-step search), most of them empty, at the real block size."""
     gen = torch.Generator().manual_seed(0)
     repeats = (torch.rand(70_000, generator=gen) < 0.05).long() * torch.randint(1, 4, (70_000,), generator=gen)
-    expected = torch.repeat_interleave(repeats)
+    expected = native_repeat_interleave(repeats)
     actual = torch.repeat_interleave(repeats.to(DEV), output_size=expected.numel())
     assert torch.equal(actual.cpu(), expected)
 
@@ -102,7 +112,7 @@ def test_expand_wrong_output_size_stays_in_bounds(size_error, unchecked, small_t
                                  small_tiles._rank_steps(5), 0)
     assert buffer[:2].tolist() == [-7, -7] and buffer[-2:].tolist() == [-7, -7]
     assert bool(((out >= 0) & (out < 5)).all())
-    exact = torch.repeat_interleave(repeats.cpu())
+    exact = native_repeat_interleave(repeats.cpu())
     common = min(total, exact.numel())
     assert torch.equal(out[:common].cpu(), exact[:common])
     through_op = torch.repeat_interleave(repeats, output_size=total)  # and through the op
