@@ -49,20 +49,17 @@ def test_out_of_range_gather_writes_zeros(unchecked):
     assert torch.equal(out, torch.tensor([[1.0, 0], [5, 0], [9, 0]], device=DEV))
 
 
-@pytest.fixture(params=[2, 64], ids=["sub-block-search", "sub-block-window"])
-def small_tiles(monkeypatch, request):
+@pytest.fixture
+def small_tiles(monkeypatch):
     """The repeat_interleave kernel with 8-element blocks of 2-element sub-blocks and a 4-way search.
 
     Many programs, and every one of its three searches takes several steps.
-    With a 2-row window most blocks search their sub-blocks' rows; with 64
-    every block counts them from one load.
     """
     from flaggems.plugins.generic import repeat_interleave as ri
 
     monkeypatch.setattr(ri, "BLOCK", 8)
     monkeypatch.setattr(ri, "SUB", 2)
     monkeypatch.setattr(ri, "FANOUT", 4)
-    monkeypatch.setattr(ri, "WINDOW", request.param)
     monkeypatch.setattr(ri, "_LAUNCHERS", {})
     return ri
 

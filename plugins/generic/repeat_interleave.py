@@ -16,7 +16,10 @@
   6.1 µs of GPU time (profiler; torch's thread-per-row kernel: 3.5).
   Earlier versions: a whole-array binary search per element (28.6 µs
   do_bench), a single fused launch that scans ``repeats`` in every program
-  (no cumsum; 28-95 µs: its serial scan dominates). Numbers:
+  (no cumsum; 28-95 µs: its serial scan dominates), and (run 4) counting
+  each sub-block's rows from one load of a block's ends when they fit a
+  64-row window, instead of the sub-block search: 16.5 µs of GPU time
+  (profiler), its ``[128, 64]`` compare-and-sum costs more than the search. Numbers:
   benchmarks/RESULTS.md (run 3).
 * **Never out of bounds**: a wrong ``output_size`` or a negative repeat can
   only produce unspecified values inside the output. With checks on (CPU
@@ -53,8 +56,6 @@ NUM_WARPS = 4
 SUB = 16
 #: Row ends compared per step of the search for a program's first and last row.
 FANOUT = 256
-#: A block spanning at most this many rows finds its sub-blocks' rows by counting, from one load.
-WINDOW = 64
 
 
 @triton.jit
@@ -115,13 +116,11 @@ def _bisect(ends, lo, hi, targets, steps, live):
 
 @triton.jit(do_not_specialize=("total", "n", "rank_steps", "values_stride"))
 def _expand_kernel(ends, out, values, total: tl.int64, n, rank_steps, values_stride: tl.int64,
-                   BLOCK: tl.constexpr, SUB: tl.constexpr, FANOUT: tl.constexpr, WINDOW: tl.constexpr,
-                   GATHER: tl.constexpr):
+                   BLOCK: tl.constexpr, SUB: tl.constexpr, FANOUT: tl.constexpr, GATHER: tl.constexpr):
     """``out[p]`` = the row ``i`` with ``ends[i-1] <= p < ends[i]`` (or ``values[i]`` when gathering).
 
     Three searches, each narrower: the block's first and last rows among all
-    ``n`` (``_rank``), each sub-block's first and last rows among those
-    (counted in one load when the block spans at most ``WINDOW`` rows), then
+    ``n`` (``_rank``), each sub-block's first and last rows among those, then
     each element's row among its sub-block's. Rows are int32 offsets from the
     block's first row (the host declines ``n >= 2**31``): the per-element
     search is most of the kernel's instructions.
@@ -134,20 +133,10 @@ def _expand_kernel(ends, out, values, total: tl.int64, n, rank_steps, values_str
     base = ends + first
     sub_p0 = p0 + tl.arange(0, BLOCK // SUB) * SUB
     sub_live = sub_p0 < total
-    sub_last = tl.minimum(sub_p0 + SUB, total) - 1
-    if span <= WINDOW:
-        # The block's rows fit one load: each sub-block's rows are counts of the ends at or below its
-        # first and last elements, with no dependent loads (the search below takes ~6 on the seed case).
-        j = tl.arange(0, WINDOW)
-        in_block = j < span
-        window = tl.load(base + j, mask=in_block, other=0)[None, :]
-        sub_lo = tl.sum((in_block[None, :] & (window <= sub_p0[:, None])).to(tl.int32), 1)
-        sub_hi = tl.sum((in_block[None, :] & (window <= sub_last[:, None])).to(tl.int32), 1)
-    else:
-        none = tl.zeros((BLOCK // SUB,), dtype=tl.int32)
-        steps = _halvings(span)
-        sub_lo = _bisect(base, none, none + span, sub_p0, steps, sub_live)
-        sub_hi = _bisect(base, none, none + span, sub_last, steps, sub_live)
+    none = tl.zeros((BLOCK // SUB,), dtype=tl.int32)
+    steps = _halvings(span)
+    sub_lo = _bisect(base, none, none + span, sub_p0, steps, sub_live)
+    sub_hi = _bisect(base, none, none + span, tl.minimum(sub_p0 + SUB, total) - 1, steps, sub_live)
     sub_hi = tl.maximum(sub_hi, sub_lo)
     p = sub_p0[:, None] + tl.arange(0, SUB)[None, :]
     live = p < total
@@ -180,8 +169,7 @@ def _launcher(gather: bool) -> FastLauncher:
     launcher = _LAUNCHERS.get(gather)
     if launcher is None:
         launcher = _LAUNCHERS[gather] = FastLauncher(
-            _expand_kernel, {"BLOCK": BLOCK, "SUB": SUB, "FANOUT": FANOUT, "WINDOW": WINDOW, "GATHER": gather},
-            num_warps=NUM_WARPS)
+            _expand_kernel, {"BLOCK": BLOCK, "SUB": SUB, "FANOUT": FANOUT, "GATHER": gather}, num_warps=NUM_WARPS)
     return launcher
 
 
