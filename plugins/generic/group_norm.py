@@ -7,7 +7,7 @@ two spatial dimensions that do not merge are unravelled in the kernel, more
 than two are copied first). Any ``C % groups == 0`` works: a group is a range
 of channels, never a power-of-two tile.
 
-Forward, three launches, all deterministic (fixed reduction order, no atomics):
+Forward, three steps, all deterministic (fixed reduction order, no atomics):
 
 1. ``_stats_kernel``, grid ``N x channel blocks x K spatial chunks``: per
    channel and chunk, Welford mean and M2 in fp32 (fp64 for fp64 inputs) over
@@ -20,11 +20,18 @@ Forward, three launches, all deterministic (fixed reduction order, no atomics):
 3. ``_normalize_kernel``, grid ``N x channel blocks x spatial blocks``:
    ``y = x * a + b`` with ``a = rstd * w``, ``b = bias - mean * a`` per channel.
 
-Backward, three launches: ``_bwd_reduce_kernel`` (per channel and chunk,
+Backward, three steps: ``_bwd_reduce_kernel`` (per channel and chunk,
 ``sum(dy * (x - mean))`` and ``sum(dy)``), ``_bwd_finalize_kernel`` (the first
 programs merge groups into the coefficients of ``dx = r*w*dy + q*x + o``;
 the others sum ``dweight``/``dbias`` over ``N`` in order), ``_bwd_dx_kernel``.
 ``output_mask`` drops the work of every output not asked for.
+
+Step 2 folds into step 3 where a tile's groups merge from few partials
+(``FUSE_LIMIT``; every contiguous input): each normalize or dx tile merges
+its own groups (the same fixed order, so the same bits in every tile) and
+the dx launch's extra programs sum ``dweight``/``dbias``. Two launches each
+way instead of three: forward+backward fp32 on 2x320x64x64 went from 0.64x
+to 0.87x of torch (H200, benchmarks/RESULTS.md run 4), being host-bound.
 
 Layout and dtypes follow torch's native kernels: ``y`` in the input's
 suggested memory format; ``dx`` in it on CPU and contiguous elsewhere (as
