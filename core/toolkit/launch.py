@@ -14,7 +14,8 @@ Per launcher, one generated function computes the key, finds the bound
 kernel and makes the raw call with every argument spelled out; it is the
 launcher's ``__call__``, so no layer of ``*args`` sits between the caller and
 the raw launch (a 6-pointer, 24-integer kernel: 8.2 -> 5.7 µs of Python per
-launch on the CI host, raw launch faked).
+launch on the CI host, raw launch faked; 14.10 -> 13.41 µs per launch, driver
+included, on an H200 host: ``benchmarks/launch_ab.py``).
 
 The first call of each specialisation runs through ``kernel[grid](...)``
 (which compiles if needed and returns the compiled kernel); later calls take
@@ -287,12 +288,13 @@ class FastLauncher:
         self._stream: Callable[[int], int] | None = None
 
     def __call__(self, grid: Sequence[int], *args: Any) -> None:
-        """Launch on ``grid`` with the runtime arguments ``args``."""
-        call = self._call
-        if call is None:
-            self._slow(grid, args)
-            return
-        call(self, grid, *args)
+        """Launch on ``grid`` with the runtime arguments ``args``.
+
+        Only a launcher's first call, and every call of one without a fast
+        path, runs this: binding the fast path gives the launcher the
+        generated function as its ``__call__`` (:meth:`_init_fast`).
+        """
+        self._slow(grid, args)
 
     @property
     def specialisations(self) -> int:
