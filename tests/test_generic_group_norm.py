@@ -161,7 +161,7 @@ def test_split_reduction_and_int64_offsets(forced_split, fmt):
 def test_finalize_folded_or_separate(monkeypatch, fuse, fmt, mask):
     """Both plans (step 2 as its own launch, or merged by every tile) on both layouts and every output mask."""
     monkeypatch.setattr(gn, "FUSE_LIMIT", 1 << 30 if fuse else 0)
-    monkeypatch.setitem(gn.DEFAULT_TARGET, DEV.type, 16)  # several chunks (K > 1) per channel
+    monkeypatch.setitem(gn.DEFAULT_TARGET, DEV.type, 16)  # on CPU several chunks (K > 1); a GPU uses its SM count
     monkeypatch.setattr(gn, "_FORWARD_PLANS", {})  # plans made under the patched constants only
     monkeypatch.setattr(gn, "_BACKWARD_PLANS", {})
     gn._target_programs.cache_clear()

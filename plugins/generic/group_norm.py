@@ -765,6 +765,8 @@ class BackwardPlan:
 
 
 _BACKWARD_PLANS: dict[tuple, BackwardPlan] = {}
+#: The dweight/dbias constexprs of a dx launch that computes neither.
+_NO_PARAMS = {"BLOCK_N": 1, "BLOCK_CF": 1, "BLOCK_K": 1, "HAS_DW": False, "HAS_DB": False}
 
 
 def _dx_format(x: torch.Tensor) -> tuple[bool, torch.memory_format]:
@@ -810,12 +812,11 @@ def _backward_plan(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor | Non
                     (num_coef + param_programs,), (C, HxW, D, group, N, K, b_at, q_at, NG, num_coef))
     if mask[0]:
         dx_programs = N * tiling.cblocks * tiling.sblocks
-        if not fused:  # the finalize launch computes dweight/dbias
-            params, param_programs = {"BLOCK_N": 1, "BLOCK_CF": 1, "BLOCK_K": 1, "HAS_DW": False,
-                                      "HAS_DB": False}, 0
+        # Folded: the dx launch's extra programs sum dweight/dbias; otherwise the finalize launch does.
+        dx_params = params if fused else _NO_PARAMS
         dx = (_launcher(_bwd_dx_kernel, DY_UNIT=dy_unit, X_UNIT=x_unit, DX_UNIT=dx_unit, HAS_W=weight is not None,
-                        FUSED=fused, BLOCK_J=next_pow2(D * K) if fused else 1, **params, **tile, **common),
-              (dx_programs + param_programs,),
+                        FUSED=fused, BLOCK_J=next_pow2(D * K) if fused else 1, **dx_params, **tile, **common),
+              (dx_programs + (param_programs if fused else 0),),
               (C, HxW, layout.S0, D, group, N, K, *dys, *xs, *dxs, tiling.cblocks, tiling.sblocks, b_at, q_at, NG,
                dx_programs))
     return BackwardPlan(
