@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import textwrap
+
 import pytest
 import torch
+from conftest import run_compiled
 
 import flaggems
 from flaggems.binding import native_scope
@@ -50,16 +53,76 @@ def test_out_of_range_gather_writes_zeros(unchecked):
 
 
 @pytest.fixture
-def small_tiles(monkeypatch):
+def small_index_tiles(monkeypatch):
+    """The gather/scatter kernel with 16-element tiles at most 4 columns wide.
+
+    Small tensors then span interior tiles (no size mask: vector accesses)
+    and edge tiles, partial in rows, columns or both.
+    """
+    from flaggems.toolkit import indexing
+
+    monkeypatch.setattr(indexing, "TILE", 16)
+    monkeypatch.setattr(indexing, "MAX_COLS", 4)
+    monkeypatch.setattr(indexing, "MIN_TILE", 16)
+    monkeypatch.setattr(indexing, "_PLANS", {})
+    monkeypatch.setattr(indexing, "_LAUNCHERS", {})
+    return indexing
+
+
+SELECT_CASES = {  # (shape, dim, index): rows x columns of the work, in tiles of 4x4 (or 16x1)
+    "rows and columns partial": ((10, 9), 0, [3, 0, 9, 3, 7, 1, 2]),
+    "exact 4x4 tiles": ((6, 8), 0, [5, 0, 1, 2, 4, 3, 3, 0]),
+    "one column": ((6, 10), 1, [9, 0, 4, 4, 2, 7, 1]),
+    "inner of two dims": ((3, 5, 2, 6), 1, [4, 0, 2]),
+    "transposed input": ((9, 10), 0, [8, 1, 1, 0, 6]),
+}
+
+
+@pytest.mark.parametrize("case", SELECT_CASES, ids=list(SELECT_CASES))
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32, torch.int64])
+def test_interior_and_edge_tiles(case, dtype, small_index_tiles, unchecked):
+    shape, dim, index = SELECT_CASES[case]
+    x = torch.arange(torch.Size(shape).numel(), device=DEV).reshape(shape).to(dtype)
+    if case == "transposed input":
+        x = x.t()
+        dim = 1
+    idx = torch.tensor(index, device=DEV)
+    with native_scope():
+        expected = torch.index_select(x, dim, idx)
+        target = torch.full_like(x, -1)
+        expected_copy = target.index_copy(dim, idx.unique(), torch.index_select(x, dim, idx.unique()))
+    assert torch.equal(torch.index_select(x, dim, idx), expected)
+    source = torch.index_select(x, dim, idx.unique())
+    assert torch.equal(target.index_copy(dim, idx.unique(), source), expected_copy)
+    # Invalid indices inside interior tiles: masked, whatever the tile.
+    bad = idx.clone()
+    bad[::2] = x.shape[dim] + 3
+    gathered = torch.index_select(x, dim, bad)
+    keep = torch.ones(len(index), dtype=torch.bool)
+    keep[::2] = False
+    assert torch.equal(gathered.movedim(dim, 0)[keep.to(DEV)], expected.movedim(dim, 0)[keep.to(DEV)])
+    assert not gathered.movedim(dim, 0)[~keep.to(DEV)].any()
+    scattered = target.clone().index_copy_(dim, bad, torch.index_select(x, dim, idx))
+    with native_scope():
+        reference = target.clone().index_copy_(dim, idx[keep.to(DEV)], expected.movedim(dim, 0)[keep.to(DEV)]
+                                               .movedim(0, dim).contiguous())
+    assert torch.equal(scattered, reference)
+
+
+@pytest.fixture(params=[1, 4, 16], ids=lambda w: f"window{w}")
+def small_tiles(monkeypatch, request):
     """The repeat_interleave kernel with 8-element blocks of 2-element sub-blocks and a 4-way search.
 
     Many programs, and every one of its three searches takes several steps.
+    Blocks holding up to ``WINDOW`` row ends count their rows instead:
+    window 1 searches almost every block, 16 counts every block of 8.
     """
     from flaggems.plugins.generic import repeat_interleave as ri
 
     monkeypatch.setattr(ri, "BLOCK", 8)
     monkeypatch.setattr(ri, "SUB", 2)
     monkeypatch.setattr(ri, "FANOUT", 4)
+    monkeypatch.setattr(ri, "WINDOW", request.param)
     monkeypatch.setattr(ri, "_LAUNCHERS", {})
     return ri
 
@@ -211,3 +274,43 @@ def test_repeat_interleave_beyond_2_31_outputs():
     assert out.dtype == torch.int32 and out.numel() == 2**31 + 100
     assert out[2**30 - 2:2**30 + 2].tolist() == [0, 0, 2, 2]
     assert out[-3:].tolist() == [2, 2, 2] and int(out[:2**30].max()) == 0 and int(out[2**30:].min()) == 2
+
+
+def test_kernels_vectorise_for_sm90():
+    """Interior index tiles and full repeat_interleave blocks use 16-byte accesses (sm_90 PTX, no GPU needed).
+
+    Sizes are runtime arguments Triton does not specialise, so only accesses
+    without a size mask can vectorise: before the interior-tile branch every
+    index access was a scalar 2- or 4-byte one.
+    """
+    pytest.importorskip("triton.backends.nvidia.compiler")
+    script = textwrap.dedent("""
+        import re
+        import triton
+        from triton.backends.compiler import GPUTarget
+        from triton.compiler import ASTSource
+        from flaggems.plugins.generic import repeat_interleave as ri
+        from flaggems.toolkit import indexing
+
+        def ptx(fn, pointers, constexprs, num_warps):
+            sig = {p.name: "constexpr" if p.name in constexprs else pointers.get(p.name, p.annotation_type or "i64")
+                   for p in fn.params}
+            attrs = {(i,): [["tt.divisibility", 16]] for i, p in enumerate(fn.params) if sig[p.name][0] == "*"}
+            src = ASTSource(fn, signature=sig, constexprs=constexprs, attrs=attrs)
+            return triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": num_warps}).asm["ptx"]
+
+        common = dict(INDEX_MODE=0, INT64=False, A_UNIT=True, B_UNIT=True, A_LINEAR=True)
+        shapes = {  # (BLOCK_R, BLOCK_C, SCATTER, ALIGNED): the contiguous side must vectorise
+            "index_select dim 0": (1, 4096, False, True), "index_copy dim 0": (1, 4096, True, True),
+            "index_select dim 1": (4096, 1, False, False), "index_copy dim 1": (4096, 1, True, False)}
+        for name, (rows, cols, scatter, aligned) in shapes.items():
+            for dtype in ("fp16", "fp32"):
+                code = ptx(indexing.index_along_dim_kernel, {"a": "*" + dtype, "b": "*" + dtype, "idx": "*i64"},
+                           dict(BLOCK_R=rows, BLOCK_C=cols, SCATTER=scatter, ALIGNED=aligned, **common), 8)
+                assert re.search(r"(ld|st)\\.global\\.v4", code), f"{name} {dtype} did not vectorise"
+        code = ptx(ri._expand_kernel, {"ends": "*i64", "out": "*i64", "values": "*i64"},
+                   dict(BLOCK=2048, SUB=16, FANOUT=256, WINDOW=256, GATHER=False), 4)
+        assert "st.global.v2.b64" in code, "full repeat_interleave blocks did not vectorise"
+        print("ok")
+    """)
+    run_compiled(script)

@@ -29,6 +29,7 @@ import torch
 import triton
 import triton.language as tl
 
+from .jit_helpers import hint16 as _hint
 from .jit_helpers import index_type as _narrow
 from .launch import FastLauncher
 from .layout import cdiv, collapse_dims, next_pow2, span
@@ -67,14 +68,6 @@ def _columns(c, inner1, stride0, stride1, UNIT: tl.constexpr):
     return offsets
 
 
-@triton.jit
-def _hint(x, ALIGNED: tl.constexpr):
-    """Row bases divisible by 16 elements (checked on the host): lets loads and stores vectorise."""
-    if ALIGNED:
-        x = tl.multiple_of(x, 16)
-    return x
-
-
 @triton.jit(do_not_specialize=_SCALARS)
 def index_along_dim_kernel(a, b, idx,
                            outer0: tl.int64, outer1: tl.int64, j_size: tl.int64, rows: tl.int64,
@@ -94,7 +87,8 @@ def index_along_dim_kernel(a, b, idx,
     col_tiles = _narrow(col_tiles, INT64)
     row_tile = pid // col_tiles
     r = row_tile * BLOCK_R + tl.arange(0, BLOCK_R)
-    c = (pid - row_tile * col_tiles) * BLOCK_C + tl.arange(0, BLOCK_C)
+    c_tile = pid - row_tile * col_tiles
+    c = c_tile * BLOCK_C + tl.arange(0, BLOCK_C)
     cols = _narrow(cols, INT64)
     inner1 = _narrow(inner1, INT64)
     j_size = _narrow(j_size, INT64)
@@ -115,17 +109,40 @@ def index_along_dim_kernel(a, b, idx,
     valid = row_ok & (target >= 0) & (target < _narrow(dim_size, INT64))
     b_row = _hint(o0 * _narrow(b_o0, INT64) + o1 * _narrow(b_o1, INT64) + target * _narrow(b_d, INT64), ALIGNED)
     b_off = b_row[:, None] + _columns(c, inner1, _narrow(b_i0, INT64), _narrow(b_i1, INT64), B_UNIT)[None, :]
-    if A_LINEAR:
+    if A_LINEAR and BLOCK_C == 1:  # one column (``_tile`` gives BLOCK_C 1 only then): rows are contiguous
+        a_off = tl.broadcast_to(r[:, None], (BLOCK_R, BLOCK_C))  # c is 0; adding it would hide the alignment
+    elif A_LINEAR:
         a_off = _hint(r * cols, ALIGNED)[:, None] + c[None, :]
     else:
         a_row = _hint(o0 * _narrow(a_o0, INT64) + o1 * _narrow(a_o1, INT64) + j * _narrow(a_j, INT64), ALIGNED)
         a_off = a_row[:, None] + _columns(c, inner1, _narrow(a_i0, INT64), _narrow(a_i1, INT64), A_UNIT)[None, :]
-    mask = valid[:, None] & col_ok[None, :]
-    if SCATTER:
-        tl.store(b + b_off, tl.load(a + a_off, mask=mask), mask=mask)
+    if ((row_tile + 1) * BLOCK_R <= rows) & ((c_tile + 1) * BLOCK_C <= cols):
+        # An interior tile: only the index masks its accesses, so the contiguous side vectorises (size
+        # arguments are not specialised, so a mask built from them would split every access).
+        _move(a + a_off, b + b_off, valid[:, None], row_ok[:, None], SCATTER, False)
     else:
-        values = tl.load(b + b_off, mask=mask, other=0)
-        tl.store(a + a_off, values, mask=row_ok[:, None] & col_ok[None, :])
+        _move(a + a_off, b + b_off, valid[:, None] & col_ok[None, :], row_ok[:, None] & col_ok[None, :],
+              SCATTER, True)
+
+
+@triton.jit
+def _move(a_ptrs, b_ptrs, valid, live, SCATTER: tl.constexpr, EDGE: tl.constexpr):
+    """Scatter ``a`` into ``b`` where ``valid``, or gather ``b`` into ``a`` (zeros where not ``valid``).
+
+    ``live`` marks the tile's positions inside the work; only an edge tile has any outside.
+    """
+    if SCATTER:
+        if EDGE:
+            values = tl.load(a_ptrs, mask=live)
+        else:
+            values = tl.load(a_ptrs)
+        tl.store(b_ptrs, values, mask=valid)
+    else:
+        values = tl.load(b_ptrs, mask=valid, other=0)
+        if EDGE:
+            tl.store(a_ptrs, values, mask=live)
+        else:
+            tl.store(a_ptrs, values)
 
 
 @dataclass(frozen=True)
