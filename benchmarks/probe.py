@@ -172,12 +172,11 @@ def probe_repeat_stages() -> None:
 
 
 def probe_repeat_sweep() -> None:
-    """``WINDOW`` of the expand kernel (1: nearly every block searches) on the stage cases and 50M items.
+    """``SUB`` of the expand kernel on the stage cases and 50M items.
 
     Run 3 swept ``BLOCK`` 1024/2048/4096 x ``SUB`` 16-128 x 4/8 warps: 2048
-    and 4 warps were best or within noise on every case, and ``SUB`` 8-64
-    within noise on the seed case. A block search stopping one step short
-    (removed since): see ``_rank``.
+    and 4 warps were best or within noise on every case. ``SUB`` x a block
+    search stopping one step short (removed since): see ``_rank``.
     """
     from flaggems.plugins.generic import repeat_interleave as ri
 
@@ -187,19 +186,7 @@ def probe_repeat_sweep() -> None:
         _time_stages(f"repeat sweep {label} ", 854524, small)
         _time_stages(f"repeat sweep {label} ", 50_000_000, large)
 
-    _sweep(ri, ("WINDOW",), ((1, 64, 256, 2048),), ri._LAUNCHERS.clear, measure)
-    RESULTS["histogram lowering"] = lowering = _histogram_lowering(ri._expand_kernel)
-    print(f"histogram lowering: {lowering}", flush=True)
-
-
-def _histogram_lowering(kernel: object) -> str:
-    """How this Triton lowers ``tl.histogram`` in the compiled expand kernel (shared atomics or ballots)."""
-    try:
-        compiled = next(iter(kernel.device_caches[torch.cuda.current_device()][0].values()))
-        ptx = compiled.asm["ptx"]
-    except Exception as exc:  # noqa: BLE001 - best effort: Triton's cache layout is internal
-        return f"unknown ({type(exc).__name__})"
-    return f"atom.shared: {ptx.count('atom.shared')}, vote/ballot: {ptx.count('vote.')}, lines: {ptx.count(chr(10))}"
+    _sweep(ri, ("SUB",), ((8, 16, 32, 64),), ri._LAUNCHERS.clear, measure)
 
 
 # --------------------------------------------------------------------------- group_norm

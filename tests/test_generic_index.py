@@ -109,20 +109,17 @@ def test_interior_and_edge_tiles(case, dtype, small_index_tiles, unchecked):
     assert torch.equal(scattered, reference)
 
 
-@pytest.fixture(params=[1, 4, 16], ids=lambda w: f"window{w}")
-def small_tiles(monkeypatch, request):
+@pytest.fixture
+def small_tiles(monkeypatch):
     """The repeat_interleave kernel with 8-element blocks of 2-element sub-blocks and a 4-way search.
 
     Many programs, and every one of its three searches takes several steps.
-    Blocks holding up to ``WINDOW`` row ends count their rows instead:
-    window 1 searches almost every block, 16 counts every block of 8.
     """
     from flaggems.plugins.generic import repeat_interleave as ri
 
     monkeypatch.setattr(ri, "BLOCK", 8)
     monkeypatch.setattr(ri, "SUB", 2)
     monkeypatch.setattr(ri, "FANOUT", 4)
-    monkeypatch.setattr(ri, "WINDOW", request.param)
     monkeypatch.setattr(ri, "_LAUNCHERS", {})
     return ri
 
@@ -309,7 +306,7 @@ def test_kernels_vectorise_for_sm90():
                            dict(BLOCK_R=rows, BLOCK_C=cols, SCATTER=scatter, ALIGNED=aligned, **common), 8)
                 assert re.search(r"(ld|st)\\.global\\.v4", code), f"{name} {dtype} did not vectorise"
         code = ptx(ri._expand_kernel, {"ends": "*i64", "out": "*i64", "values": "*i64"},
-                   dict(BLOCK=2048, SUB=16, FANOUT=256, WINDOW=256, GATHER=False), 4)
+                   dict(BLOCK=2048, SUB=16, FANOUT=256, GATHER=False), 4)
         assert "st.global.v2.b64" in code, "full repeat_interleave blocks did not vectorise"
         print("ok")
     """)

@@ -19,8 +19,13 @@
   (no cumsum; 28-95 µs: its serial scan dominates), and (run 4) counting
   each sub-block's rows from one load of a block's ends when they fit a
   64-row window, instead of the sub-block search: 16.5 µs of GPU time
-  (profiler), its ``[128, 64]`` compare-and-sum costs more than the search. Numbers:
-  benchmarks/RESULTS.md (run 3).
+  (profiler), its ``[128, 64]`` compare-and-sum costs more than the search; and
+  (run 5) counting each element's row from a ``tl.histogram`` of the block's
+  row ends and its running sum, for blocks holding up to a window of ends: the
+  kernel alone (do_bench, H200, triton 3.6) took 23.5-40 µs on every case it
+  covered, against 10.7 µs searching on the seed case (triton 3.6 lowers the
+  2048-bin histogram through shared-memory atomics and ballots). Numbers:
+  benchmarks/RESULTS.md (runs 3 to 5).
 * **Never out of bounds**: a wrong ``output_size`` or a negative repeat can
   only produce unspecified values inside the output. With checks on (CPU
   interpreter, ``FLAGGEMS_CHECK_INDICES=1``) they raise torch's RuntimeError.
@@ -56,8 +61,6 @@ NUM_WARPS = 4
 SUB = 16
 #: Row ends compared per step of the search for a program's first and last row.
 FANOUT = 256
-#: Most row ends a block may hold for its rows to be counted rather than searched (at least 1).
-WINDOW = 256
 
 
 @triton.jit
@@ -116,32 +119,22 @@ def _bisect(ends, lo, hi, targets, steps, live):
     return lo
 
 
-@triton.jit
-def _rows_by_count(ends, first, span, p0, BLOCK: tl.constexpr, WINDOW: tl.constexpr):
-    """Rows of the block's elements when its ``span`` row ends fit ``WINDOW``: no search.
+@triton.jit(do_not_specialize=("total", "n", "rank_steps", "values_stride"))
+def _expand_kernel(ends, out, values, total: tl.int64, n, rank_steps, values_stride: tl.int64,
+                   BLOCK: tl.constexpr, SUB: tl.constexpr, FANOUT: tl.constexpr, GATHER: tl.constexpr):
+    """``out[p]`` = the row ``i`` with ``ends[i-1] <= p < ends[i]`` (or ``values[i]`` when gathering).
 
-    An element's row is ``first`` plus the number of the block's row ends at or
-    before it: a histogram of the ends' positions in the block, then its running
-    sum. Padding lanes count at position 0 and are taken off again. Invalid
-    (non-monotonic) ends are clamped into the block, so rows stay in
-    ``[first, first + WINDOW]``.
+    Three searches, each narrower: the block's first and last rows among all
+    ``n`` (``_rank``), each sub-block's first and last rows among those, then
+    each element's row among its sub-block's. Rows are int32 offsets from the
+    block's first row (the host declines ``n >= 2**31``): the per-element
+    search is most of the kernel's instructions.
     """
-    k = tl.arange(0, WINDOW)
-    inside = k < span
-    position = tl.load(ends + first + k, mask=inside, other=0) - p0
-    position = tl.where(inside, tl.minimum(tl.maximum(position, 0), BLOCK - 1), 0).to(tl.int32)
-    counts = tl.histogram(position, BLOCK)
-    return first + (tl.cumsum(counts, 0) - (WINDOW - span))
-
-
-@triton.jit
-def _rows_by_search(ends, first, span, p0, total, BLOCK: tl.constexpr, SUB: tl.constexpr):
-    """Rows of the block's elements, ``[BLOCK // SUB, SUB]``: two searches, each narrower.
-
-    Each sub-block's first and last rows among the block's, then each
-    element's row among its sub-block's. Rows are int32 offsets from the
-    block's first row (the host declines ``n >= 2**31``).
-    """
+    p0 = tl.program_id(0).to(tl.int64) * BLOCK
+    edge = tl.arange(0, 2)
+    rows = _rank(ends, n, tl.where(edge == 0, p0, tl.minimum(p0 + BLOCK, total) - 1), rank_steps, FANOUT)
+    first = tl.sum(tl.where(edge == 0, rows, 0), 0)
+    span = (tl.maximum(tl.sum(tl.where(edge == 1, rows, 0), 0), first) - first).to(tl.int32)
     base = ends + first
     sub_p0 = p0 + tl.arange(0, BLOCK // SUB) * SUB
     sub_live = sub_p0 < total
@@ -151,17 +144,11 @@ def _rows_by_search(ends, first, span, p0, total, BLOCK: tl.constexpr, SUB: tl.c
     sub_hi = _bisect(base, none, none + span, tl.minimum(sub_p0 + SUB, total) - 1, steps, sub_live)
     sub_hi = tl.maximum(sub_hi, sub_lo)
     p = sub_p0[:, None] + tl.arange(0, SUB)[None, :]
+    live = p < total
     flat = tl.zeros((1, SUB), dtype=tl.int32)
     offset = _bisect(base, sub_lo[:, None] + flat, sub_hi[:, None] + flat, p,
-                     _halvings(tl.max(sub_hi - sub_lo, 0)), p < total)
-    return first + offset
-
-
-@triton.jit
-def _write(out, values, values_stride, row, p, p0, n, total, BLOCK: tl.constexpr, GATHER: tl.constexpr):
-    """Store the rows of positions ``p`` (or ``values`` gathered by them), clamped into ``[0, n)``."""
-    row = tl.minimum(tl.maximum(row, 0), n - 1)  # a wrong output_size or bad repeats stays in bounds
-    live = p < total
+                     _halvings(tl.max(sub_hi - sub_lo, 0)), live)
+    row = tl.minimum(first + offset, n - 1)  # p beyond ends[-1] (a wrong output_size) stays in bounds
     if GATHER:
         result = tl.load(values + row * values_stride, mask=live)
     else:
@@ -170,31 +157,6 @@ def _write(out, values, values_stride, row, p, p0, n, total, BLOCK: tl.constexpr
         tl.store(out + p, result)
     else:
         tl.store(out + p, result, mask=live)
-
-
-@triton.jit(do_not_specialize=("total", "n", "rank_steps", "values_stride"))
-def _expand_kernel(ends, out, values, total: tl.int64, n, rank_steps, values_stride: tl.int64,
-                   BLOCK: tl.constexpr, SUB: tl.constexpr, FANOUT: tl.constexpr, WINDOW: tl.constexpr,
-                   GATHER: tl.constexpr):
-    """``out[p]`` = the row ``i`` with ``ends[i-1] <= p < ends[i]`` (or ``values[i]`` when gathering).
-
-    The block's first and last rows among all ``n`` (``_rank``); then, when
-    the block holds at most ``WINDOW`` row ends, each element's row by
-    counting them (``_rows_by_count``), else by two narrower searches
-    (``_rows_by_search``).
-    """
-    p0 = tl.program_id(0).to(tl.int64) * BLOCK
-    edge = tl.arange(0, 2)
-    rows = _rank(ends, n, tl.where(edge == 0, p0, tl.minimum(p0 + BLOCK, total) - 1), rank_steps, FANOUT)
-    first = tl.sum(tl.where(edge == 0, rows, 0), 0)
-    span = (tl.maximum(tl.sum(tl.where(edge == 1, rows, 0), 0), first) - first).to(tl.int32)
-    if span <= WINDOW:
-        _write(out, values, values_stride, _rows_by_count(ends, first, span, p0, BLOCK, WINDOW),
-               p0 + tl.arange(0, BLOCK), p0, n, total, BLOCK, GATHER)
-    else:
-        p = p0 + tl.arange(0, BLOCK // SUB)[:, None] * SUB + tl.arange(0, SUB)[None, :]
-        _write(out, values, values_stride, _rows_by_search(ends, first, span, p0, total, BLOCK, SUB),
-               p, p0, n, total, BLOCK, GATHER)
 
 
 def _rank_steps(n: int) -> int:
@@ -212,8 +174,7 @@ def _launcher(gather: bool) -> FastLauncher:
     launcher = _LAUNCHERS.get(gather)
     if launcher is None:
         launcher = _LAUNCHERS[gather] = FastLauncher(
-            _expand_kernel, {"BLOCK": BLOCK, "SUB": SUB, "FANOUT": FANOUT, "WINDOW": WINDOW, "GATHER": gather},
-            num_warps=NUM_WARPS)
+            _expand_kernel, {"BLOCK": BLOCK, "SUB": SUB, "FANOUT": FANOUT, "GATHER": gather}, num_warps=NUM_WARPS)
     return launcher
 
 
