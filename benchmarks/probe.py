@@ -22,9 +22,8 @@ Sections:
   ``passthrough``: small workloads through a Python kernel that only calls
   torch's own (the floor of any Python-registered implementation).
 * ``index``: index_select / index_copy against torch; ``index_sweep``: the
-  small-workload tile constants of ``flaggems.toolkit.indexing``
-  (``MIN_PROGRAMS``, ``MIN_TILE``, ``ELEMENTS_PER_WARP``; run 2 swept
-  ``TILE``, ``MAX_COLS`` and ``NUM_WARPS``).
+  tile constants of ``flaggems.toolkit.indexing`` (``TILE`` x ``NUM_WARPS``;
+  run 3 swept the small-workload ones).
 """
 
 from __future__ import annotations
@@ -725,8 +724,10 @@ def probe_index_sweep() -> None:
         for name, fn in cases.items():
             ours(f"index sweep {label} {name}", fn)
 
-    _sweep(indexing, ("MIN_PROGRAMS", "MIN_TILE", "ELEMENTS_PER_WARP"), ((0, 512, 1024, 2048), (512, 1024, 2048),
-                                                                         (128, 256)), reset, measure)
+    # Run 2 swept TILE x MAX_COLS x NUM_WARPS with scalar accesses, run 3 the small-workload constants
+    # (MIN_PROGRAMS 0-2048 x MIN_TILE 512-2048 x ELEMENTS_PER_WARP 128/256); run 5 sweeps the tile
+    # again now that interior tiles vectorise.
+    _sweep(indexing, ("TILE", "NUM_WARPS"), ((4096, 8192, 16384), (4, 8, 16)), reset, measure)
 
 
 SECTIONS = {

@@ -299,7 +299,7 @@ def test_kernels_vectorise_for_sm90():
         common = dict(INDEX_MODE=0, INT64=False, A_UNIT=True, B_UNIT=True, A_LINEAR=True)
         shapes = {  # (BLOCK_R, BLOCK_C, SCATTER, ALIGNED): the contiguous side must vectorise
             "index_select dim 0": (1, 4096, False, True), "index_copy dim 0": (1, 4096, True, True),
-            "index_select dim 1": (4096, 1, False, False), "index_copy dim 1": (4096, 1, True, False)}
+            "index_copy [64, 512, 512] dim 1": (8, 512, True, True)}
         for name, (rows, cols, scatter, aligned) in shapes.items():
             for dtype in ("fp16", "fp32"):
                 code = ptx(indexing.index_along_dim_kernel, {"a": "*" + dtype, "b": "*" + dtype, "idx": "*i64"},
