@@ -297,13 +297,15 @@ def test_kernels_vectorise_for_sm90():
             return triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": num_warps}).asm["ptx"]
 
         common = dict(INDEX_MODE=0, INT64=False, A_UNIT=True, B_UNIT=True, A_LINEAR=True)
-        shapes = {  # (BLOCK_R, BLOCK_C, SCATTER, ALIGNED): the contiguous side must vectorise
-            "index_select dim 0": (1, 4096, False, True), "index_copy dim 0": (1, 4096, True, True),
-            "index_copy [64, 512, 512] dim 1": (8, 512, True, True)}
-        for name, (rows, cols, scatter, aligned) in shapes.items():
+        shapes = {  # (BLOCK_R, BLOCK_C, SCATTER, ALIGNED, FALLBACK): the contiguous side must vectorise
+            "index_select dim 0": (1, 4096, False, True, False), "index_copy dim 0": (1, 4096, True, True, False),
+            "index_copy [64, 512, 512] dim 1": (8, 512, True, True, False),
+            "index_copy by inverse, dim 0": (1, 4096, False, True, True)}
+        for name, (rows, cols, scatter, aligned, fallback) in shapes.items():
             for dtype in ("fp16", "fp32"):
-                code = ptx(indexing.index_along_dim_kernel, {"a": "*" + dtype, "b": "*" + dtype, "idx": "*i64"},
-                           dict(BLOCK_R=rows, BLOCK_C=cols, SCATTER=scatter, ALIGNED=aligned, **common), 8)
+                pointers = {"a": "*" + dtype, "b": "*" + dtype, "idx": "*i64", "fallback": "*" + dtype}
+                code = ptx(indexing.index_along_dim_kernel, pointers, dict(
+                    BLOCK_R=rows, BLOCK_C=cols, SCATTER=scatter, ALIGNED=aligned, FALLBACK=fallback, **common), 8)
                 assert re.search(r"(ld|st)\\.global\\.v4", code), f"{name} {dtype} did not vectorise"
         code = ptx(ri._expand_kernel, {"ends": "*i64", "out": "*i64", "values": "*i64"},
                    dict(BLOCK=2048, SUB=16, FANOUT=256, GATHER=False), 4)
@@ -311,3 +313,88 @@ def test_kernels_vectorise_for_sm90():
         print("ok")
     """)
     run_compiled(script)
+
+
+@pytest.fixture
+def inverse_always(monkeypatch):
+    """index_copy takes the inverse-index form (a gather over the destination) at every size."""
+    from flaggems.plugins.generic import index_copy as ic
+
+    monkeypatch.setattr(ic, "INVERSE_MIN_ELEMENTS", 0)
+    monkeypatch.setattr(ic, "INVERSE_DIM_SHARE", 1)
+    monkeypatch.setattr(ic, "SECTOR_BYTES", 1 << 30)  # in place too, whatever the row width
+    return ic
+
+
+INVERSE_CASES = {  # (shape, dim, index length)
+    "columns": ((12, 10), 1, 6),
+    "rows": ((10, 7), 0, 4),
+    "middle of 3-D": ((3, 9, 5), 1, 5),
+    "last of 3-D": ((3, 4, 9), -1, 9),
+    "1-D": ((17,), 0, 11),
+}
+
+
+@pytest.mark.parametrize("case", INVERSE_CASES, ids=list(INVERSE_CASES))
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32, torch.int32, torch.bool])
+def test_index_copy_by_inverse(case, dtype, inverse_always, small_index_tiles, unchecked):
+    shape, dim, count = INVERSE_CASES[case]
+    gen = torch.Generator().manual_seed(len(case))
+    self_ = (torch.randn(shape, generator=gen) * 9).to(dtype).to(DEV)
+    index = torch.randperm(self_.shape[dim], generator=gen)[:count].to(DEV)
+    source_shape = list(shape)
+    source_shape[dim] = count
+    source = (torch.randn(source_shape, generator=gen) * 9).to(dtype).to(DEV)
+    with native_scope():
+        expected = self_.index_copy(dim, index, source)
+    assert torch.equal(self_.index_copy(dim, index, source), expected)
+    inplace = self_.clone()
+    assert inplace.index_copy_(dim, index, source) is inplace
+    assert torch.equal(inplace, expected)
+    # A transposed destination, written in place through its strides.
+    if self_.dim() == 2:
+        base = self_.t().contiguous()
+        view = base.t()
+        view.index_copy_(dim, index, source)
+        assert torch.equal(base.t(), expected)
+
+
+def test_index_copy_by_inverse_edge_cases(inverse_always, small_index_tiles, unchecked):
+    """Out-of-range indices never write; duplicates pick one candidate per position; empty does nothing."""
+    self_ = torch.arange(40.0, device=DEV).reshape(5, 8)
+    index = torch.tensor([7, -1, 8, 2, 2], device=DEV)
+    source = -torch.arange(1.0, 26.0, device=DEV).reshape(5, 5)
+    for result in (self_.index_copy(1, index, source), self_.clone().index_copy_(1, index, source)):
+        untouched = [c for c in range(8) if c not in (7, 2)]
+        assert torch.equal(result[:, untouched], self_[:, untouched])
+        assert torch.equal(result[:, 7], source[:, 0])
+        column = result[:, 2]
+        assert torch.equal(column, source[:, 3]) or torch.equal(column, source[:, 4])
+    empty = torch.empty(0, dtype=torch.int64, device=DEV)
+    assert torch.equal(self_.index_copy(1, empty, source[:, :0]), self_)
+
+
+def test_index_copy_by_inverse_is_chosen_by_size():
+    """The default thresholds: large 2-D workloads take the inverse form, small and 1-D ones scatter."""
+    from flaggems.plugins.generic import index_copy as ic
+
+    calls = []
+
+    def spy(index, size):
+        calls.append(size)
+        return real(index, size)
+
+    real, ic._inverse = ic._inverse, spy
+    try:
+        big = torch.zeros(1024, 1024, device=DEV)
+        idx = torch.arange(0, 1024, 2, device=DEV)
+        with flaggems.enabled():
+            out = big.index_copy(1, idx, torch.ones(1024, 512, device=DEV))
+            big.index_copy_(1, idx, torch.ones(1024, 512, device=DEV))  # 4-byte rows: in place too
+            big.index_copy_(0, idx, torch.ones(512, 1024, device=DEV))  # 4 KB rows: plain scatter
+            torch.zeros(2**20, device=DEV).index_copy_(0, idx, torch.ones(512, device=DEV))  # 1-D: plain
+            torch.zeros(64, 64, device=DEV).index_copy(1, idx[:8], torch.ones(64, 8, device=DEV))  # small
+    finally:
+        ic._inverse = real
+    assert calls == [1024, 1024]
+    assert float(out.sum()) == 1024 * 512 and float(big.sum()) == 512 * 512 + 512 * 1024  # odd rows: even columns

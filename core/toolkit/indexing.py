@@ -69,7 +69,7 @@ def _columns(c, inner1, stride0, stride1, UNIT: tl.constexpr):
 
 
 @triton.jit(do_not_specialize=_SCALARS)
-def index_along_dim_kernel(a, b, idx,
+def index_along_dim_kernel(a, b, idx, fallback,
                            outer0: tl.int64, outer1: tl.int64, j_size: tl.int64, rows: tl.int64,
                            inner1: tl.int64, cols: tl.int64, col_tiles: tl.int64, dim_size: tl.int64,
                            a_o0: tl.int64, a_o1: tl.int64, a_j: tl.int64, a_i0: tl.int64, a_i1: tl.int64,
@@ -77,11 +77,14 @@ def index_along_dim_kernel(a, b, idx,
                            idx_stride: tl.int64, divisor: tl.int64,
                            BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr, SCATTER: tl.constexpr,
                            INT64: tl.constexpr, INDEX_MODE: tl.constexpr, A_LINEAR: tl.constexpr,
-                           A_UNIT: tl.constexpr, B_UNIT: tl.constexpr, ALIGNED: tl.constexpr):
+                           A_UNIT: tl.constexpr, B_UNIT: tl.constexpr, ALIGNED: tl.constexpr,
+                           FALLBACK: tl.constexpr):
     """One ``BLOCK_R x BLOCK_C`` tile of ``[(outer, j), inner]`` per program (1-D grid).
 
     ``A_LINEAR``: ``a`` is row-major over the work (offset ``r * cols + c``);
     ``A_UNIT``/``B_UNIT``: that operand's inner positions have unit stride.
+    ``FALLBACK`` (gather): where the index is invalid, ``a`` takes ``fallback``'s
+    value at ``a``'s own offset instead of zero.
     """
     pid = _narrow(tl.program_id(0), INT64)
     col_tiles = _narrow(col_tiles, INT64)
@@ -121,15 +124,16 @@ def index_along_dim_kernel(a, b, idx,
     if ((row_tile + 1) * BLOCK_R <= rows) & ((c_tile + 1) * BLOCK_C <= cols):
         # An interior tile: only the index masks its accesses, so the contiguous side vectorises (size
         # arguments are not specialised, so a mask built from them would split every access).
-        _move(a + a_off, b + b_off, valid[:, None], row_ok[:, None], SCATTER, False)
+        _move(a + a_off, b + b_off, fallback + a_off, valid[:, None], row_ok[:, None], SCATTER, False, FALLBACK)
     else:
-        _move(a + a_off, b + b_off, valid[:, None] & col_ok[None, :], row_ok[:, None] & col_ok[None, :],
-              SCATTER, True)
+        _move(a + a_off, b + b_off, fallback + a_off, valid[:, None] & col_ok[None, :],
+              row_ok[:, None] & col_ok[None, :], SCATTER, True, FALLBACK)
 
 
 @triton.jit
-def _move(a_ptrs, b_ptrs, valid, live, SCATTER: tl.constexpr, EDGE: tl.constexpr):
-    """Scatter ``a`` into ``b`` where ``valid``, or gather ``b`` into ``a`` (zeros where not ``valid``).
+def _move(a_ptrs, b_ptrs, fallback_ptrs, valid, live, SCATTER: tl.constexpr, EDGE: tl.constexpr,
+          FALLBACK: tl.constexpr):
+    """Scatter ``a`` into ``b`` where ``valid``, or gather ``b`` into ``a`` (``fallback`` or zeros elsewhere).
 
     ``live`` marks the tile's positions inside the work; only an edge tile has any outside.
     """
@@ -141,6 +145,8 @@ def _move(a_ptrs, b_ptrs, valid, live, SCATTER: tl.constexpr, EDGE: tl.constexpr
         tl.store(b_ptrs, values, mask=valid)
     else:
         values = tl.load(b_ptrs, mask=valid, other=0)
+        if FALLBACK:
+            values = tl.where(valid, values, tl.load(fallback_ptrs, mask=live & (valid == 0)))
         if EDGE:
             tl.store(a_ptrs, values, mask=live)
         else:
@@ -189,12 +195,13 @@ def _pad2(sizes: tuple[int, ...], strides: tuple[tuple[int, ...], ...]) -> tuple
 
 
 def plan_index(a: torch.Tensor, b: torch.Tensor, dim: int, index: torch.Tensor, scatter: bool,
-               mode: int = INDEX_TENSOR, divisor: int = 1) -> IndexPlan | None:
+               mode: int = INDEX_TENSOR, divisor: int = 1, fallback: bool = False) -> IndexPlan | None:
     """Plan a gather/scatter of ``a`` (addressed by ``j``) and ``b`` (by ``index[j]``) along ``dim``.
 
     ``mode`` says how ``index[j]`` is found (:data:`INDEX_TENSOR` reads
     ``index``; the divide modes compute ``j // divisor`` or ``j // index[0]``,
-    which is ``repeat_interleave`` by a constant).
+    which is ``repeat_interleave`` by a constant). ``fallback``: a gather whose
+    invalid indices take a fallback tensor's values (see :func:`index_along_dim`).
 
     Returns ``None`` when the layout needs more than two outer or two inner
     dimensions after collapsing (the caller then declines to native).
@@ -223,7 +230,8 @@ def plan_index(a: torch.Tensor, b: torch.Tensor, dim: int, index: torch.Tensor, 
     aligned = all(st % 16 == 0 for st in row_strides) and (a_unit or a_linear) and b_unit
     constexprs = {"BLOCK_R": block_r, "BLOCK_C": block_c, "SCATTER": scatter, "INDEX_MODE": mode,
                   "INT64": _needs_int64(a, b, rows * cols, (block_r + 1) * max(cols, 1)),
-                  "A_LINEAR": a_linear, "A_UNIT": a_unit, "B_UNIT": b_unit, "ALIGNED": aligned}
+                  "A_LINEAR": a_linear, "A_UNIT": a_unit, "B_UNIT": b_unit, "ALIGNED": aligned,
+                  "FALLBACK": fallback}
     scalars = (o_sizes[0], o_sizes[1], j_size, rows, i_sizes[1], cols, col_tiles, b.shape[dim],
                o_a[0], o_a[1], a_st[dim], i_a[0], i_a[1], o_b[0], o_b[1], b_st[dim], i_b[0], i_b[1],
                index.stride(0) if index.dim() else 0, max(divisor, 1))
@@ -258,18 +266,24 @@ _PLAN_CACHE_SIZE = 4096
 
 
 def index_along_dim(a: torch.Tensor, b: torch.Tensor, dim: int, index: torch.Tensor, scatter: bool,
-                    mode: int = INDEX_TENSOR, divisor: int = 1) -> bool:
-    """Run the gather/scatter; returns False (nothing done) when the layout is unsupported."""
-    key = (a.shape, a.stride(), b.stride(), b.shape[dim], dim, index.stride(), scatter, mode, divisor)
+                    mode: int = INDEX_TENSOR, divisor: int = 1, fallback: torch.Tensor | None = None) -> bool:
+    """Run the gather/scatter; returns False (nothing done) when the layout is unsupported.
+
+    ``fallback`` (gather only; ``a``'s shape and strides): where ``index[j]``
+    is out of range, ``a`` takes ``fallback``'s element instead of zero. It may
+    be ``a`` itself: the invalid positions then keep their values.
+    """
+    key = (a.shape, a.stride(), b.stride(), b.shape[dim], dim, index.stride(), scatter, mode, divisor,
+           fallback is None)
     plan = _PLANS.get(key, _PLANS)
     if plan is _PLANS:
-        plan = plan_index(a, b, dim, index, scatter, mode, divisor)
+        plan = plan_index(a, b, dim, index, scatter, mode, divisor, fallback is not None)
         if len(_PLANS) >= _PLAN_CACHE_SIZE:
             _PLANS.clear()
         _PLANS[key] = plan
     if plan is None:
         return False
     if plan.grid[0]:
-        plan.launcher(plan.grid, a, b, index, *plan.scalars)
+        plan.launcher(plan.grid, a, b, index, a if fallback is None else fallback, *plan.scalars)
     return True
 

@@ -7,6 +7,15 @@ copy: the known peer implementation derived offsets from the source's storage
 offset and was silently wrong there). The out-of-place form copies ``self``
 with the toolkit's strided copy (a flat kernel when dense), then scatters.
 
+Large workloads turn the scatter around (``_by_inverse``): a small kernel
+records, for each position ``d`` along ``dim``, the ``j`` with ``index[j] == d``
+(the inverse index), then a gather writes every destination element once, in
+the destination's order: ``source[..., j, ...]`` where ``d`` is indexed, the
+original element elsewhere. The out-of-place form then needs no separate copy
+of ``self`` (``2 x size`` bytes moved instead of ``2 x (size + indexed)``), and a
+scatter of narrow rows (under 32 bytes, a partial sector each) becomes whole
+coalesced writes. Measured: benchmarks/RESULTS.md, run 5.
+
 Invalid arguments (shapes, dtypes, index rank or dtype, devices) decline to the
 native kernel, which raises torch's exact error. Out-of-range indices: see
 :mod:`flaggems.toolkit.checks` (IndexError when checking; masked otherwise).
@@ -14,14 +23,41 @@ Duplicate indices: one of the candidates wins, unspecified (as in torch).
 Empty index or source: no kernel launch.
 """
 
+# ruff: noqa: N803 - constexpr parameters are UPPER_CASE, as in every Triton kernel
 from __future__ import annotations
 
+import math
+
 import torch
+import triton
+import triton.language as tl
 
 from flaggems import Decline
-from flaggems.toolkit import checks
+from flaggems.toolkit import cdiv, checks
 from flaggems.toolkit.indexing import index_along_dim
+from flaggems.toolkit.launch import FastLauncher
 from flaggems.toolkit.strided import SUPPORTED_DTYPES, strided_copy
+
+#: The inverse-index form is used from this many destination elements on (below, the extra launch
+#: of the inverse shows), when ``dim`` has at most 1/``INVERSE_DIM_SHARE`` of them (the inverse
+#: costs 4 bytes a position along ``dim``: a 1-D scatter keeps the plain form).
+INVERSE_MIN_ELEMENTS = 1 << 20
+INVERSE_DIM_SHARE = 8
+#: In place, rows narrower than one 32-byte memory sector are what the inverse form rewrites whole.
+SECTOR_BYTES = 32
+INVERT_BLOCK = 1024
+
+
+@triton.jit(do_not_specialize=("n", "size", "stride"))
+def _invert_kernel(index, inverse, n, size, stride, BLOCK: tl.constexpr):
+    """``inverse[index[j]] = j`` for every in-range ``index[j]`` (duplicates: one ``j`` wins, unspecified)."""
+    j = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    live = j < n
+    d = tl.load(index + j.to(tl.int64) * stride, mask=live, other=-1)
+    tl.store(inverse + d, j, mask=live & (d >= 0) & (d < size))
+
+
+_INVERT: list[FastLauncher] = []
 
 
 def _valid(self: torch.Tensor, dim: int, index: torch.Tensor, source: torch.Tensor) -> bool:
@@ -49,18 +85,57 @@ def _as_rank1(tensor: torch.Tensor) -> torch.Tensor:
     return tensor.reshape(1) if tensor.dim() == 0 else tensor
 
 
-def scatter_rows(self: torch.Tensor, dim: int, index: torch.Tensor, source: torch.Tensor) -> None:
-    """Validated scatter of ``source`` into ``self`` along ``dim`` (``dim`` normalised)."""
+def _inverse(index: torch.Tensor, size: int) -> torch.Tensor:
+    """int32 ``[size]``: the ``j`` with ``index[j] == d`` at each ``d``, ``-1`` where none (one launch)."""
+    if not _INVERT:
+        _INVERT.append(FastLauncher(_invert_kernel, {"BLOCK": INVERT_BLOCK}, num_warps=4))
+    inverse = torch.full((size,), -1, dtype=torch.int32, device=index.device)
+    n = index.numel()
+    _INVERT[0]((cdiv(n, INVERT_BLOCK),), index, inverse, n, size, index.stride(0) if index.dim() else 0)
+    return inverse
+
+
+def _by_inverse(self: torch.Tensor, dim: int, index: torch.Tensor, source: torch.Tensor,
+                out: torch.Tensor | None) -> bool:
+    """The scatter as a gather over the destination, when it pays (see the module docstring).
+
+    In place (``out`` None) ``self`` is rewritten whole, its own values where
+    nothing is indexed; else ``out`` (``self``'s shape and strides) gets
+    ``self``'s values there. Returns False (nothing done) when the plain
+    scatter is the better form.
+    """
+    numel, size = self.numel(), self.shape[dim]
+    if (self.dim() == 0 or source.dim() != self.dim() or numel < INVERSE_MIN_ELEMENTS
+            or size * INVERSE_DIM_SHARE > numel or index.numel() >= 2**31):
+        return False
+    if out is None and math.prod(self.shape[dim + 1:]) * self.element_size() >= SECTOR_BYTES:
+        return False  # in place, wide rows already scatter whole sectors, and only the indexed ones
+    destination = self if out is None else out
+    return index_along_dim(destination, source, dim, _inverse(index, size), scatter=False, fallback=self)
+
+
+def scatter_rows(self: torch.Tensor, dim: int, index: torch.Tensor, source: torch.Tensor,
+                 out: torch.Tensor | None = None) -> None:
+    """Validated ``index_copy`` along ``dim`` (normalised): into ``self`` in place, or into ``out``.
+
+    ``out`` (``self``'s shape, freshly allocated) receives a copy of ``self``
+    with the indexed rows replaced.
+    """
     if self.dim() == 0 or source.dim() == 0:
-        self_1d, source_1d, dim = _as_rank1(self), _as_rank1(source), 0
-    else:
-        self_1d, source_1d = self, source
-    size = self_1d.shape[dim]
+        self, source, dim = _as_rank1(self), _as_rank1(source), 0
+        out = None if out is None else _as_rank1(out)
     if checks.enabled():
-        _check_range(index, size, dim)
-    if source_1d.numel() == 0:
+        _check_range(index, self.shape[dim], dim)
+    index = _as_rank1(index)
+    same_layout = out is None or out.stride() == self.stride()
+    if source.numel() and same_layout and _by_inverse(self, dim, index, source, out):
         return
-    if not index_along_dim(source_1d, self_1d, dim, _as_rank1(index), scatter=True):
+    target = self
+    if out is not None:
+        if out.numel():
+            strided_copy(out, self)
+        target = out
+    if source.numel() and not index_along_dim(source, target, dim, index, scatter=True):
         raise Decline("layout needs more than 2 outer or 2 inner dimensions")
 
 
@@ -87,7 +162,5 @@ def index_copy(self: torch.Tensor, dim: int, index: torch.Tensor, source: torch.
     if dim < 0 or not _valid(self, dim, index, source):
         raise Decline("invalid arguments: the native kernel raises torch's error")
     out = torch.empty(self.shape, dtype=self.dtype, device=self.device)
-    if out.numel():
-        strided_copy(out, self)
-    scatter_rows(out, dim, index, source)
+    scatter_rows(self, dim, index, source, out)
     return out
