@@ -171,12 +171,11 @@ def probe_repeat_stages() -> None:
 
 
 def probe_repeat_sweep() -> None:
-    """The expand kernel's row tile (``ROW_TILE`` x ``COL_TILE``; 1 x 1: searches nearly everywhere).
+    """``SUB`` of the expand kernel on the stage cases and 50M items.
 
-    On the stage cases and 50M items. Run 3 swept ``BLOCK`` 1024/2048/4096 x
-    ``SUB`` 16-128 x 4/8 warps: 2048, 16 and 4 warps were best or within
-    noise on every case. A block search stopping one step short (removed
-    since): see ``_rank``.
+    Run 3 swept ``BLOCK`` 1024/2048/4096 x ``SUB`` 16-128 x 4/8 warps: 2048
+    and 4 warps were best or within noise on every case. ``SUB`` x a block
+    search stopping one step short (removed since): see ``_rank``.
     """
     from flaggems.plugins.generic import repeat_interleave as ri
 
@@ -186,7 +185,7 @@ def probe_repeat_sweep() -> None:
         _time_stages(f"repeat sweep {label} ", 854524, small)
         _time_stages(f"repeat sweep {label} ", 50_000_000, large)
 
-    _sweep(ri, ("ROW_TILE", "COL_TILE"), ((1, 32, 64), (64, 128)), ri._LAUNCHERS.clear, measure)
+    _sweep(ri, ("SUB",), ((8, 16, 32, 64),), ri._LAUNCHERS.clear, measure)
 
 
 # --------------------------------------------------------------------------- group_norm

@@ -65,10 +65,6 @@ NUM_WARPS = 4
 SUB = 16
 #: Row ends compared per step of the search for a program's first and last row.
 FANOUT = 256
-#: A block whose rows number at most ``ROW_TILE`` and each cover at most ``COL_TILE`` of its
-#: positions is written row by row in one masked tile store, with no search after the first.
-ROW_TILE = 64
-COL_TILE = 64
 
 
 @triton.jit
@@ -127,34 +123,22 @@ def _bisect(ends, lo, hi, targets, steps, live):
     return lo
 
 
-@triton.jit
-def _row_segments(ends, first, span, p0, block_end, n, ROW_TILE: tl.constexpr, COL_TILE: tl.constexpr):
-    """The block's rows ``first .. first + span`` as segments of positions, and whether they tile it.
+@triton.jit(do_not_specialize=("total", "n", "rank_steps", "values_stride"))
+def _expand_kernel(ends, out, values, total: tl.int64, n, rank_steps, values_stride: tl.int64,
+                   BLOCK: tl.constexpr, SUB: tl.constexpr, FANOUT: tl.constexpr, GATHER: tl.constexpr):
+    """``out[p]`` = the row ``i`` with ``ends[i-1] <= p < ends[i]`` (or ``values[i]`` when gathering).
 
-    Returns ``(row, lo, length, ok)``: row ``row[k]`` owns positions
-    ``lo[k] .. lo[k] + length[k] - 1`` of the block. ``ok`` when every row
-    fits ``ROW_TILE`` x ``COL_TILE`` and the segments cover the block exactly
-    (non-decreasing ends, lengths summing to the block's): then one masked
-    tile store writes the block. Invalid repeats or a wrong ``output_size``
-    make it false.
+    Three searches, each narrower: the block's first and last rows among all
+    ``n`` (``_rank``), each sub-block's first and last rows among those, then
+    each element's row among its sub-block's. Rows are int32 offsets from the
+    block's first row (the host declines ``n >= 2**31``): the per-element
+    search is most of the kernel's instructions.
     """
-    k = tl.arange(0, ROW_TILE)
-    row = first + k
-    in_window = (k <= span) & (row < n)
-    end = tl.load(ends + row, mask=in_window, other=0)
-    start = tl.load(ends + row - 1, mask=in_window & (row > 0), other=0)
-    lo = tl.maximum(start, p0)
-    length = tl.where(in_window, tl.minimum(end, block_end) - lo, 0)
-    monotonic = tl.min(tl.where(in_window, end - start, 0), 0) >= 0
-    covered = tl.sum(tl.maximum(length, 0), 0) == block_end - p0
-    ok = monotonic & covered & (tl.max(length, 0) <= COL_TILE)
-    return row, lo, length, ok
-
-
-@triton.jit
-def _search_block(ends, out, values, p0, first, span, total, n, values_stride,
-                  BLOCK: tl.constexpr, SUB: tl.constexpr, GATHER: tl.constexpr):
-    """Each sub-block's first and last rows among the block's, then each element's among its sub-block's."""
+    p0 = tl.program_id(0).to(tl.int64) * BLOCK
+    edge = tl.arange(0, 2)
+    rows = _rank(ends, n, tl.where(edge == 0, p0, tl.minimum(p0 + BLOCK, total) - 1), rank_steps, FANOUT)
+    first = tl.sum(tl.where(edge == 0, rows, 0), 0)
+    span = (tl.maximum(tl.sum(tl.where(edge == 1, rows, 0), 0), first) - first).to(tl.int32)
     base = ends + first
     sub_p0 = p0 + tl.arange(0, BLOCK // SUB) * SUB
     sub_live = sub_p0 < total
@@ -179,38 +163,6 @@ def _search_block(ends, out, values, p0, first, span, total, n, values_stride,
         tl.store(out + p, result, mask=live)
 
 
-@triton.jit(do_not_specialize=("total", "n", "rank_steps", "values_stride"))
-def _expand_kernel(ends, out, values, total: tl.int64, n, rank_steps, values_stride: tl.int64,
-                   BLOCK: tl.constexpr, SUB: tl.constexpr, FANOUT: tl.constexpr, ROW_TILE: tl.constexpr,
-                   COL_TILE: tl.constexpr, GATHER: tl.constexpr):
-    """``out[p]`` = the row ``i`` with ``ends[i-1] <= p < ends[i]`` (or ``values[i]`` when gathering).
-
-    The block's first and last rows among all ``n`` (``_rank``). A block of
-    few, short rows (``_row_segments``) is written row by row with one masked
-    ``ROW_TILE x COL_TILE`` store; any other block searches on: each
-    sub-block's rows among the block's, then each element's among its
-    sub-block's (``_search_block``). Rows are int32 offsets from the block's
-    first row (the host declines ``n >= 2**31``).
-    """
-    p0 = tl.program_id(0).to(tl.int64) * BLOCK
-    block_end = tl.minimum(p0 + BLOCK, total)
-    edge = tl.arange(0, 2)
-    rows = _rank(ends, n, tl.where(edge == 0, p0, block_end - 1), rank_steps, FANOUT)
-    first = tl.sum(tl.where(edge == 0, rows, 0), 0)
-    span = (tl.maximum(tl.sum(tl.where(edge == 1, rows, 0), 0), first) - first).to(tl.int32)
-    row, lo, length, ok = _row_segments(ends, first, span, p0, block_end, n, ROW_TILE, COL_TILE)
-    if ok & (span < ROW_TILE):
-        j = tl.arange(0, COL_TILE)
-        if GATHER:
-            result = tl.load(values + row * values_stride, mask=length > 0)
-        else:
-            result = row.to(out.dtype.element_ty)
-        tl.store(out + lo[:, None] + j[None, :], tl.broadcast_to(result[:, None], (ROW_TILE, COL_TILE)),
-                 mask=j[None, :] < length[:, None])
-    else:
-        _search_block(ends, out, values, p0, first, span, total, n, values_stride, BLOCK, SUB, GATHER)
-
-
 def _rank_steps(n: int) -> int:
     """Steps of the ``FANOUT``-ary search over ``n`` ends: ``ceil(log_FANOUT(n + 1))``."""
     steps, reach = 1, FANOUT
@@ -226,8 +178,7 @@ def _launcher(gather: bool) -> FastLauncher:
     launcher = _LAUNCHERS.get(gather)
     if launcher is None:
         launcher = _LAUNCHERS[gather] = FastLauncher(
-            _expand_kernel, {"BLOCK": BLOCK, "SUB": SUB, "FANOUT": FANOUT, "ROW_TILE": ROW_TILE,
-                            "COL_TILE": COL_TILE, "GATHER": gather}, num_warps=NUM_WARPS)
+            _expand_kernel, {"BLOCK": BLOCK, "SUB": SUB, "FANOUT": FANOUT, "GATHER": gather}, num_warps=NUM_WARPS)
     return launcher
 
 
