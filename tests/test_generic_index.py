@@ -52,6 +52,29 @@ def test_out_of_range_gather_writes_zeros(unchecked):
     assert torch.equal(out, torch.tensor([[1.0, 0], [5, 0], [9, 0]], device=DEV))
 
 
+@pytest.mark.parametrize("overlap", ["source is a slice of self", "source is self", "index is self"])
+def test_index_copy_into_overlapping_memory_raises_torchs_error(overlap):
+    """In place, self sharing memory with source or index raises torch's RuntimeError; nothing changes."""
+    def make():
+        x = torch.arange(12, device=DEV).reshape(4, 3)
+        if overlap == "source is a slice of self":
+            return x, torch.tensor([2, 3], device=DEV), x[:2]
+        if overlap == "source is self":
+            return x, torch.tensor([1, 0, 3, 2], device=DEV), x
+        flat = torch.tensor([1, 0, 2, 3], device=DEV)
+        return flat, flat, torch.tensor([5, 6, 7, 8], device=DEV)
+
+    with native_scope(), pytest.raises(RuntimeError) as native:
+        x, index, source = make()
+        x.index_copy_(0, index, source)
+    x, index, source = make()
+    before = x.clone()
+    with flaggems.enabled(), pytest.raises(RuntimeError) as ours:
+        x.index_copy_(0, index, source)
+    assert str(ours.value) == str(native.value)
+    assert torch.equal(x, before)
+
+
 @pytest.fixture
 def small_index_tiles(monkeypatch):
     """The gather/scatter kernel with 16-element tiles at most 4 columns wide.

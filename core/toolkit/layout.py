@@ -72,3 +72,19 @@ def move_dim(sizes: Sequence[int], strides: Sequence[Sequence[int]], source: int
     order = list(range(len(sizes)))
     order.insert(target, order.pop(source))
     return tuple(sizes[d] for d in order), tuple(tuple(st[d] for d in order) for st in strides)
+
+
+def byte_range(tensor) -> tuple[int, int]:  # noqa: ANN001 - any tensor-like: shape, stride, data_ptr
+    """``[first, last)`` device addresses a strided tensor's elements occupy (empty: ``(0, 0)``)."""
+    if any(size == 0 for size in tensor.shape):
+        return 0, 0
+    start = tensor.data_ptr()
+    reach = sum((size - 1) * stride for size, stride in zip(tensor.shape, tensor.stride()))
+    return start, start + (reach + 1) * tensor.element_size()
+
+
+def overlaps(a, b) -> bool:  # noqa: ANN001 - any tensor-likes, as for byte_range
+    """Whether two tensors' address ranges intersect (they may share an element; distinct buffers never do)."""
+    a0, a1 = byte_range(a)
+    b0, b1 = byte_range(b)
+    return a0 < b1 and b0 < a1

@@ -21,30 +21,19 @@ from __future__ import annotations
 import torch
 
 from flaggems import Decline
+from flaggems.toolkit.layout import overlaps
 from flaggems.toolkit.strided import SUPPORTED_DTYPES, copy_dense, strided_copy
 
 INTERNAL_OVERLAP = ("unsupported operation: more than one element of the written-to tensor refers to a "
                     "single memory location. Please clone() the tensor before performing the operation.")
 
 
-def _span_bytes(tensor: torch.Tensor) -> tuple[int, int]:
-    """[first, last) byte range a strided tensor touches in its storage."""
-    item = tensor.element_size()
-    start = tensor.storage_offset() * item
-    reach = sum((size - 1) * stride for size, stride in zip(tensor.shape, tensor.stride()) if size > 0)
-    return start, start + (reach + 1) * item
-
-
 def _overlap(dst: torch.Tensor, src: torch.Tensor) -> str | None:
     """``"same"`` when ``src`` is ``dst`` viewed identically, ``"partial"`` for other overlaps."""
-    if dst.untyped_storage().data_ptr() != src.untyped_storage().data_ptr():
-        return None
-    if (dst.storage_offset() == src.storage_offset() and dst.dtype == src.dtype
+    if (dst.data_ptr() == src.data_ptr() and dst.dtype == src.dtype
             and dst.shape == src.shape and dst.stride() == src.stride()):
         return "same"
-    a0, a1 = _span_bytes(dst)
-    b0, b1 = _span_bytes(src)
-    return "partial" if a0 < b1 and b0 < a1 else None
+    return "partial" if overlaps(dst, src) else None
 
 
 def _decline_reason(dst: torch.Tensor, src: torch.Tensor) -> str | None:

@@ -16,8 +16,9 @@ of ``self`` (``2 x size`` bytes moved instead of ``2 x (size + indexed)``), and 
 scatter of narrow rows (under 32 bytes, a partial sector each) becomes whole
 coalesced writes. Measured: benchmarks/RESULTS.md, run 5.
 
-Invalid arguments (shapes, dtypes, index rank or dtype, devices) decline to the
-native kernel, which raises torch's exact error. Out-of-range indices: see
+Invalid arguments (shapes, dtypes, index rank or dtype, devices, a ``self``
+sharing memory with ``source`` or ``index``) decline to the native kernel,
+which raises torch's exact error. Out-of-range indices: see
 :mod:`flaggems.toolkit.checks` (IndexError when checking; masked otherwise).
 Duplicate indices: one of the candidates wins, unspecified (as in torch).
 Empty index or source: no kernel launch.
@@ -36,6 +37,7 @@ from flaggems import Decline
 from flaggems.toolkit import cdiv, checks
 from flaggems.toolkit.indexing import index_along_dim
 from flaggems.toolkit.launch import FastLauncher
+from flaggems.toolkit.layout import overlaps
 from flaggems.toolkit.strided import SUPPORTED_DTYPES, strided_copy
 
 #: The inverse-index form is used from this many destination elements on (below, the extra launch
@@ -152,6 +154,8 @@ def index_copy_(self: torch.Tensor, dim: int, index: torch.Tensor, source: torch
         raise Decline("invalid arguments: the native kernel raises torch's error")
     if any(st == 0 and n > 1 for n, st in zip(self.shape, self.stride())):
         raise Decline("self overlaps itself: the native kernel raises torch's error")
+    if overlaps(self, source) or overlaps(self, index):
+        raise Decline("self shares memory with source or index: the native kernel raises torch's error")
     scatter_rows(self, dim, index, source)
     return self
 
