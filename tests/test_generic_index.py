@@ -325,6 +325,7 @@ def test_kernels_vectorise_for_sm90():
         import triton
         from triton.backends.compiler import GPUTarget
         from triton.compiler import ASTSource
+        from flaggems.plugins.generic import index_copy as ic
         from flaggems.plugins.generic import repeat_interleave as ri
         from flaggems.toolkit import indexing
 
@@ -349,19 +350,29 @@ def test_kernels_vectorise_for_sm90():
         code = ptx(ri._expand_kernel, {"ends": "*i64", "out": "*i64", "values": "*i64"},
                    dict(BLOCK=2048, SUB=16, FANOUT=256, GATHER=False), 4)
         assert "st.global.v2.b64" in code, "full repeat_interleave blocks did not vectorise"
+        for one_program in (False, True):  # the index_copy inverse: both forms compile
+            ptx(ic._invert_kernel, {"index": "*i64", "inverse": "*i32"},
+                dict(BLOCK=1024, ONE_PROGRAM=one_program), 4)
         print("ok")
     """)
     run_compiled(script)
 
 
-@pytest.fixture
-def inverse_always(monkeypatch):
-    """index_copy takes the inverse-index form (a gather over the destination) at every size."""
+@pytest.fixture(params=[0, 1 << 17], ids=["inverse-by-blocks", "inverse-one-program"])
+def inverse_always(monkeypatch, request):
+    """index_copy takes the inverse-index form (a gather over the destination) at every size.
+
+    The inverse is built by one program (fill, barrier, scatter) or by a fill
+    and one program per block of indices.
+    """
     from flaggems.plugins.generic import index_copy as ic
 
     monkeypatch.setattr(ic, "INVERSE_MIN_ELEMENTS", 0)
     monkeypatch.setattr(ic, "INVERSE_DIM_SHARE", 1)
     monkeypatch.setattr(ic, "SECTOR_BYTES", 1 << 30)  # in place too, whatever the row width
+    monkeypatch.setattr(ic, "INVERT_BLOCK", 4)  # several blocks of indices and of positions
+    monkeypatch.setattr(ic, "ONE_PROGRAM_LIMIT", request.param)
+    monkeypatch.setattr(ic, "_INVERT", {})
     return ic
 
 
