@@ -16,7 +16,8 @@ tall tiles of many rows, a wide one gets one row per tile and wide columns.
 Sizes and strides are runtime ``int64`` arguments (new shapes never compile);
 the constexprs are a bounded menu: tile shape, gather/scatter, 32/64-bit
 offsets. Invalid indices (``< 0`` or ``>= size``) are masked: nothing is
-written out of bounds; a gather writes zeros there. Callers validate indices
+written out of bounds; a gather writes zeros there (or, given a ``fallback``
+tensor, that tensor's element: index_copy's inverse form). Callers validate indices
 when checking is on.
 """
 
