@@ -136,13 +136,16 @@ def _by_inverse(self: torch.Tensor, dim: int, index: torch.Tensor, source: torch
     """The scatter as a gather over the destination, when it pays (see the module docstring).
 
     In place (``out`` None) ``self`` is rewritten whole, its own values where
-    nothing is indexed; else ``out`` (``self``'s shape and strides) gets
-    ``self``'s values there. Returns False (nothing done) when the plain
-    scatter is the better form.
+    nothing is indexed; else ``out`` gets ``self``'s values there (only when
+    ``out`` has ``self``'s strides). Returns False (nothing done) when the
+    plain scatter is the better form.
     """
-    numel, size = self.numel(), self.shape[dim]
-    if (self.dim() == 0 or source.dim() != self.dim() or numel < INVERSE_MIN_ELEMENTS
-            or size * INVERSE_DIM_SHARE > numel or index.numel() >= 2**31):
+    numel = self.numel()
+    if numel < INVERSE_MIN_ELEMENTS:  # first: the one test a small call pays
+        return False
+    size = self.shape[dim]
+    if (source.dim() != self.dim() or size * INVERSE_DIM_SHARE > numel or index.numel() >= 2**31
+            or (out is not None and out.stride() != self.stride())):
         return False
     if out is None and math.prod(self.shape[dim + 1:]) * self.element_size() >= SECTOR_BYTES:
         return False  # in place, wide rows already scatter whole sectors, and only the indexed ones
@@ -163,8 +166,7 @@ def scatter_rows(self: torch.Tensor, dim: int, index: torch.Tensor, source: torc
     if checks.enabled():
         _check_range(index, self.shape[dim], dim)
     index = _as_rank1(index)
-    same_layout = out is None or out.stride() == self.stride()
-    if source.numel() and same_layout and _by_inverse(self, dim, index, source, out):
+    if source.numel() and _by_inverse(self, dim, index, source, out):
         return
     target = self
     if out is not None:
