@@ -76,6 +76,7 @@ def _invert_kernel(index, inverse, n, size, stride, BLOCK: tl.constexpr, ONE_PRO
 
 @triton.jit
 def _scatter_positions(index, inverse, j, n, size, stride):
+    """``inverse[index[j]] = j`` for the positions ``j`` below ``n`` whose index is in ``[0, size)``."""
     live = j < n
     d = tl.load(index + j.to(tl.int64) * stride, mask=live, other=-1)
     tl.store(inverse + d, j, mask=live & (d >= 0) & (d < size))
