@@ -132,6 +132,37 @@ def test_interior_and_edge_tiles(case, dtype, small_index_tiles, unchecked):
     assert torch.equal(scattered, reference)
 
 
+WRAP_CASES = {  # (make input, dim, indices): 16-row tiles over >= 16 rows of j, so each spans two outer positions
+    "one column, 20 rows of j": (lambda: torch.arange(5 * 40).reshape(5, 40), 1, 20),
+    "two outer dims, carry into the first": (lambda: torch.arange(4 * 3 * 19).reshape(4, 3, 19).transpose(0, 1), 2, 17),
+    "two outer dims, j a whole tile": (lambda: torch.arange(4 * 3 * 40).reshape(4, 3, 40).transpose(0, 1), 2, 16),
+}
+
+
+@pytest.mark.parametrize("case", WRAP_CASES, ids=list(WRAP_CASES))
+@pytest.mark.parametrize("dtype", [torch.float16, torch.int64])
+def test_tiles_spanning_two_outer_positions(case, dtype, small_index_tiles, unchecked):
+    """``WRAP_ONCE``: a tile's rows are split into (outer, j) by one division per tile, then a compare."""
+    make, dim, count = WRAP_CASES[case]
+    x = make().to(DEV, dtype)
+    gen = torch.Generator().manual_seed(3)
+    idx = torch.randperm(x.shape[dim], generator=gen)[:count].to(DEV)
+    out = torch.empty(0, device=DEV, dtype=dtype)
+    plan = small_index_tiles.plan_index(torch.index_select(x, dim, idx), x, dim, idx, scatter=False)
+    assert plan.launcher.constexprs["WRAP_ONCE"], "the case must exercise WRAP_ONCE"
+    with native_scope():
+        expected = torch.index_select(x, dim, idx)
+        target = torch.full_like(x, -1)
+        expected_copy = target.index_copy(dim, idx, expected)
+    assert torch.equal(torch.index_select(x, dim, idx, out=out), expected)
+    assert torch.equal(target.index_copy(dim, idx, expected), expected_copy)
+    assert torch.equal(target.clone().index_copy_(dim, idx, expected), expected_copy)
+    bad = idx.clone()
+    bad[::3] = -1
+    gathered = torch.index_select(x, dim, bad).movedim(dim, 0)
+    assert not gathered[::3].any() and torch.equal(gathered[1::3], expected.movedim(dim, 0)[1::3])
+
+
 @pytest.fixture
 def small_tiles(monkeypatch):
     """The repeat_interleave kernel with 8-element blocks of 2-element sub-blocks and a 4-way search.
@@ -315,6 +346,8 @@ def test_repeat_interleave_beyond_2_31_outputs():
 def test_kernels_vectorise_for_sm90():
     """Interior index tiles and full repeat_interleave blocks use 16-byte accesses (sm_90 PTX, no GPU needed).
 
+    Also: with ``WRAP_ONCE`` a one-column tile divides once per program, not once per element.
+
     Sizes are runtime arguments Triton does not specialise, so only accesses
     without a size mask can vectorise: before the interior-tile branch every
     index access was a scalar 2- or 4-byte one.
@@ -336,11 +369,11 @@ def test_kernels_vectorise_for_sm90():
             src = ASTSource(fn, signature=sig, constexprs=constexprs, attrs=attrs)
             return triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": num_warps}).asm["ptx"]
 
-        common = dict(INDEX_MODE=0, INT64=False, A_UNIT=True, B_UNIT=True, A_LINEAR=True)
+        common = dict(INDEX_MODE=0, INT64=False, A_UNIT=True, B_UNIT=True, A_LINEAR=True, WRAP_ONCE=True)
         shapes = {  # (BLOCK_R, BLOCK_C, SCATTER, ALIGNED, FALLBACK): the contiguous side must vectorise
             "index_select dim 0": (1, 4096, False, True, False), "index_copy dim 0": (1, 4096, True, True, False),
             "index_copy [64, 512, 512] dim 1": (8, 512, True, True, False),
-            "index_copy by inverse, dim 0": (1, 4096, False, True, True)}
+            "index_copy by inverse, dim 0": (1, 4096, False, True, indexing.FALLBACK_TENSOR)}
         for name, (rows, cols, scatter, aligned, fallback) in shapes.items():
             for dtype in ("fp16", "fp32"):
                 pointers = {"a": "*" + dtype, "b": "*" + dtype, "idx": "*i64", "fallback": "*" + dtype}
@@ -350,6 +383,14 @@ def test_kernels_vectorise_for_sm90():
         code = ptx(ri._expand_kernel, {"ends": "*i64", "out": "*i64", "values": "*i64"},
                    dict(BLOCK=2048, SUB=16, FANOUT=256, GATHER=False), 4)
         assert "st.global.v2.b64" in code, "full repeat_interleave blocks did not vectorise"
+        divisions = {}
+        for wrap_once in (False, True):  # one-column tiles: one row per element (index_select dim 1)
+            pointers = {"a": "*fp16", "b": "*fp16", "idx": "*i64", "fallback": "*fp16"}
+            code = ptx(indexing.index_along_dim_kernel, pointers, dict(
+                common, BLOCK_R=4096, BLOCK_C=1, SCATTER=False, ALIGNED=False, FALLBACK=False, WRAP_ONCE=wrap_once), 8)
+            divisions[wrap_once] = len(re.findall(r"\\b(div|rem)\\.[su](32|64)", code))
+        # per element (16 a thread) without WRAP_ONCE; per program with it
+        assert divisions[True] <= 8 < 16 <= divisions[False], divisions
         for one_program in (False, True):  # the index_copy inverse: both forms compile
             ptx(ic._invert_kernel, {"index": "*i64", "inverse": "*i32"},
                 dict(BLOCK=1024, ONE_PROGRAM=one_program), 4)

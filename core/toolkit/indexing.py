@@ -16,9 +16,10 @@ tall tiles of many rows, a wide one gets one row per tile and wide columns.
 Sizes and strides are runtime ``int64`` arguments (new shapes never compile);
 the constexprs are a bounded menu: tile shape, gather/scatter, 32/64-bit
 offsets. Invalid indices (``< 0`` or ``>= size``) are masked: nothing is
-written out of bounds; a gather writes zeros there (or, given a ``fallback``
-tensor, that tensor's element: index_copy's inverse form). Callers validate indices
-when checking is on.
+written out of bounds; a gather writes zeros there, or (given a ``fallback``
+tensor: index_copy's inverse form) that tensor's element, or nothing at all
+when the fallback is the destination itself. Callers validate indices when
+checking is on.
 """
 
 # ruff: noqa: N803 - constexpr parameters are UPPER_CASE, as in every Triton kernel
@@ -57,6 +58,8 @@ _SCALARS = ("outer0", "outer1", "rows", "inner1", "cols", "col_tiles", "dim_size
 
 #: How the kernel finds ``index[j]``: a tensor, ``j // int``, or ``j // tensor[0]``.
 INDEX_TENSOR, INDEX_DIVIDE_INT, INDEX_DIVIDE_TENSOR = 0, 1, 2
+#: What a gather writes where ``index[j]`` is invalid: zero, a fallback tensor's element, or nothing.
+FALLBACK_ZERO, FALLBACK_TENSOR, FALLBACK_KEEP = 0, 1, 2
 
 
 @triton.jit
@@ -79,13 +82,15 @@ def index_along_dim_kernel(a, b, idx, fallback,
                            BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr, SCATTER: tl.constexpr,
                            INT64: tl.constexpr, INDEX_MODE: tl.constexpr, A_LINEAR: tl.constexpr,
                            A_UNIT: tl.constexpr, B_UNIT: tl.constexpr, ALIGNED: tl.constexpr,
-                           FALLBACK: tl.constexpr):
+                           FALLBACK: tl.constexpr, WRAP_ONCE: tl.constexpr):
     """One ``BLOCK_R x BLOCK_C`` tile of ``[(outer, j), inner]`` per program (1-D grid).
 
     ``A_LINEAR``: ``a`` is row-major over the work (offset ``r * cols + c``);
     ``A_UNIT``/``B_UNIT``: that operand's inner positions have unit stride.
-    ``FALLBACK`` (gather): where the index is invalid, ``a`` takes ``fallback``'s
-    value at ``a``'s own offset instead of zero.
+    ``FALLBACK`` (gather), where the index is invalid: ``FALLBACK_ZERO``
+    writes zero, ``FALLBACK_TENSOR`` ``fallback``'s value at ``a``'s own
+    offset, ``FALLBACK_KEEP`` nothing (``fallback`` is ``a``). ``WRAP_ONCE``: see
+    :func:`_row_coordinates`.
     """
     pid = _narrow(tl.program_id(0), INT64)
     col_tiles = _narrow(col_tiles, INT64)
@@ -95,14 +100,10 @@ def index_along_dim_kernel(a, b, idx, fallback,
     c = c_tile * BLOCK_C + tl.arange(0, BLOCK_C)
     cols = _narrow(cols, INT64)
     inner1 = _narrow(inner1, INT64)
-    j_size = _narrow(j_size, INT64)
-    outer1 = _narrow(outer1, INT64)
     row_ok = r < _narrow(rows, INT64)
     col_ok = c < cols
-    j = r % j_size
-    o = r // j_size
-    o1 = o % outer1
-    o0 = o // outer1
+    o0, o1, j = _row_coordinates(row_tile * BLOCK_R, tl.arange(0, BLOCK_R), _narrow(j_size, INT64),
+                                 _narrow(outer1, INT64), WRAP_ONCE)
     if INDEX_MODE == 0:  # index tensor
         target = tl.load(idx + j * _narrow(idx_stride, INT64), mask=row_ok, other=-1)
     elif INDEX_MODE == 1:  # repeat by a host integer
@@ -132,9 +133,40 @@ def index_along_dim_kernel(a, b, idx, fallback,
 
 
 @triton.jit
+def _row_coordinates(first, lanes, j_size, outer1, WRAP_ONCE: tl.constexpr):
+    """``(o0, o1, j)`` of the rows ``r = first + lanes``, where ``r = (o0 * outer1 + o1) * j_size + j``.
+
+    ``WRAP_ONCE`` (the host checked ``BLOCK_R <= j_size``): the tile's rows
+    span at most two ``(o0, o1)``, so the divisions run once on the scalar
+    ``first`` and each row only compares. Dividing every row by the runtime
+    sizes costs ~20 instructions a division: in a one-column tile, where each
+    element is its own row, that is most of the kernel's work.
+    """
+    if WRAP_ONCE:
+        o = first // j_size
+        o1 = o % outer1
+        o0 = o // outer1
+        j = first - o * j_size + lanes
+        wrap = j >= j_size  # the next (o0, o1)
+        j = tl.where(wrap, j - j_size, j)
+        carry = o1 + 1 == outer1
+        next1 = tl.where(carry, 0, o1 + 1)
+        next0 = tl.where(carry, o0 + 1, o0)
+        o1 = tl.where(wrap, next1, o1)
+        o0 = tl.where(wrap, next0, o0)
+    else:
+        r = first + lanes
+        j = r % j_size
+        o = r // j_size
+        o1 = o % outer1
+        o0 = o // outer1
+    return o0, o1, j
+
+
+@triton.jit
 def _move(a_ptrs, b_ptrs, fallback_ptrs, valid, live, SCATTER: tl.constexpr, EDGE: tl.constexpr,
           FALLBACK: tl.constexpr):
-    """Scatter ``a`` into ``b`` where ``valid``, or gather ``b`` into ``a`` (``fallback`` or zeros elsewhere).
+    """Scatter ``a`` into ``b`` where ``valid``, or gather ``b`` into ``a`` (elsewhere: see ``FALLBACK``).
 
     ``live`` marks the tile's positions inside the work; only an edge tile has any outside.
     """
@@ -146,9 +178,11 @@ def _move(a_ptrs, b_ptrs, fallback_ptrs, valid, live, SCATTER: tl.constexpr, EDG
         tl.store(b_ptrs, values, mask=valid)
     else:
         values = tl.load(b_ptrs, mask=valid, other=0)
-        if FALLBACK:
+        if FALLBACK == 1:  # FALLBACK_TENSOR
             values = tl.where(valid, values, tl.load(fallback_ptrs, mask=live & (valid == 0)))
-        if EDGE:
+        if FALLBACK == 2:  # FALLBACK_KEEP
+            tl.store(a_ptrs, values, mask=valid)
+        elif EDGE:
             tl.store(a_ptrs, values, mask=live)
         else:
             tl.store(a_ptrs, values)
@@ -174,10 +208,16 @@ def _launcher(num_warps: int, **constexprs: int | bool) -> FastLauncher:
     return launcher
 
 
-def _tile(rows: int, cols: int, min_programs: int) -> tuple[int, int]:
-    """``(BLOCK_R, BLOCK_C)``: ``TILE`` elements, shrunk while the grid has under ``min_programs`` tiles."""
+def _tile(rows: int, cols: int, j_size: int, min_programs: int) -> tuple[int, int]:
+    """``(BLOCK_R, BLOCK_C)``: ``TILE`` elements, shrunk while the grid has under ``min_programs`` tiles.
+
+    Rows shrink (down to ``MIN_TILE`` elements) to at most ``j_size``, so the
+    kernel's tiles span at most two outer positions (``WRAP_ONCE``).
+    """
     block_c = min(next_pow2(max(cols, 1)), MAX_COLS)
     block_r = max(TILE // block_c, 1)
+    while block_r > j_size and block_r * block_c > MIN_TILE:
+        block_r //= 2
     while (block_r * block_c > MIN_TILE
            and cdiv(rows, block_r) * cdiv(cols, block_c) < min_programs):
         if block_r > 1:
@@ -196,13 +236,13 @@ def _pad2(sizes: tuple[int, ...], strides: tuple[tuple[int, ...], ...]) -> tuple
 
 
 def plan_index(a: torch.Tensor, b: torch.Tensor, dim: int, index: torch.Tensor, scatter: bool,
-               mode: int = INDEX_TENSOR, divisor: int = 1, fallback: bool = False) -> IndexPlan | None:
+               mode: int = INDEX_TENSOR, divisor: int = 1, fallback: int = FALLBACK_ZERO) -> IndexPlan | None:
     """Plan a gather/scatter of ``a`` (addressed by ``j``) and ``b`` (by ``index[j]``) along ``dim``.
 
     ``mode`` says how ``index[j]`` is found (:data:`INDEX_TENSOR` reads
     ``index``; the divide modes compute ``j // divisor`` or ``j // index[0]``,
-    which is ``repeat_interleave`` by a constant). ``fallback``: a gather whose
-    invalid indices take a fallback tensor's values (see :func:`index_along_dim`).
+    which is ``repeat_interleave`` by a constant). ``fallback``: what a gather
+    writes at invalid indices (``FALLBACK_*``; see :func:`index_along_dim`).
 
     Returns ``None`` when the layout needs more than two outer or two inner
     dimensions after collapsing (the caller then declines to native).
@@ -222,7 +262,7 @@ def plan_index(a: torch.Tensor, b: torch.Tensor, dim: int, index: torch.Tensor, 
     rows = o_sizes[0] * o_sizes[1] * j_size
     cols = i_sizes[0] * i_sizes[1]
     # the CPU interpreter runs programs one after another: there, fewer is faster
-    block_r, block_c = _tile(rows, cols, 0 if a.device.type == "cpu" else MIN_PROGRAMS)
+    block_r, block_c = _tile(rows, cols, j_size, 0 if a.device.type == "cpu" else MIN_PROGRAMS)
     col_tiles = cdiv(cols, block_c)
     tiles = cdiv(rows, block_r) * col_tiles
     a_unit, b_unit = _unit_inner(i_sizes, i_a), _unit_inner(i_sizes, i_b)
@@ -232,7 +272,7 @@ def plan_index(a: torch.Tensor, b: torch.Tensor, dim: int, index: torch.Tensor, 
     constexprs = {"BLOCK_R": block_r, "BLOCK_C": block_c, "SCATTER": scatter, "INDEX_MODE": mode,
                   "INT64": _needs_int64(a, b, rows * cols, (block_r + 1) * max(cols, 1)),
                   "A_LINEAR": a_linear, "A_UNIT": a_unit, "B_UNIT": b_unit, "ALIGNED": aligned,
-                  "FALLBACK": fallback}
+                  "FALLBACK": fallback, "WRAP_ONCE": block_r <= j_size}
     scalars = (o_sizes[0], o_sizes[1], j_size, rows, i_sizes[1], cols, col_tiles, b.shape[dim],
                o_a[0], o_a[1], a_st[dim], i_a[0], i_a[1], o_b[0], o_b[1], b_st[dim], i_b[0], i_b[1],
                index.stride(0) if index.dim() else 0, max(divisor, 1))
@@ -272,13 +312,13 @@ def index_along_dim(a: torch.Tensor, b: torch.Tensor, dim: int, index: torch.Ten
 
     ``fallback`` (gather only; ``a``'s shape and strides): where ``index[j]``
     is out of range, ``a`` takes ``fallback``'s element instead of zero. It may
-    be ``a`` itself: the invalid positions then keep their values.
+    be ``a`` itself: the invalid positions are then not written at all.
     """
-    key = (a.shape, a.stride(), b.stride(), b.shape[dim], dim, index.stride(), scatter, mode, divisor,
-           fallback is None)
+    invalid = FALLBACK_ZERO if fallback is None else FALLBACK_KEEP if fallback is a else FALLBACK_TENSOR
+    key = (a.shape, a.stride(), b.stride(), b.shape[dim], dim, index.stride(), scatter, mode, divisor, invalid)
     plan = _PLANS.get(key, _PLANS)
     if plan is _PLANS:
-        plan = plan_index(a, b, dim, index, scatter, mode, divisor, fallback is not None)
+        plan = plan_index(a, b, dim, index, scatter, mode, divisor, invalid)
         if len(_PLANS) >= _PLAN_CACHE_SIZE:
             _PLANS.clear()
         _PLANS[key] = plan
