@@ -24,6 +24,9 @@ Sections:
 * ``index``: index_select / index_copy against torch; ``index_sweep``: the
   tile constants of ``flaggems.toolkit.indexing`` (``TILE`` x ``NUM_WARPS``;
   run 3 swept the small-workload ones).
+* ``kernel_stats``: registers, spills, shared memory and the resident blocks
+  per multiprocessor they allow, for every flaggems kernel compiled so far in
+  the process (run it after the sections whose kernels it should list).
 """
 
 from __future__ import annotations
@@ -697,6 +700,9 @@ def _index_cases() -> dict[str, Callable[[], object]]:
         sorted_idx = idx.sort().values
         cases[f"index_copy_ dim1 4096^2 sorted {name}"] = lambda x=x, idx=sorted_idx, s=src1: x.index_copy_(1, idx, s)
         cases[f"index_copy dim1 64x512x512 {name}"] = lambda b=big, idx=idx3, s=src3: b.index_copy(1, idx, s)
+        wide = torch.randn(200, 40999, 3, device="cuda", dtype=dtype)
+        idx_wide = torch.randperm(40999, generator=gen, device="cuda")[:20499]
+        cases[f"index_select dim1 200x40999x3 {name}"] = lambda w=wide, idx=idx_wide: w.index_select(1, idx)
     small, small_idx = torch.randn(64, 64, device="cuda"), torch.randperm(64, generator=gen, device="cuda")[:32]
     small_src = torch.randn(64, 32, device="cuda")
     cases["index_copy_ dim1 64x64 float32"] = lambda: small.index_copy_(1, small_idx, small_src)
@@ -709,6 +715,31 @@ def probe_index() -> None:
     cases = _index_cases()
     for name, fn in cases.items():
         both(name, fn)
+
+
+def probe_index_copy_paths() -> None:
+    """index_copy_ along the last dimension, random against sorted index: the inverse form and the plain scatter.
+
+    Kernel time (do_bench) and GPU time per kernel (profiler, no L2 flush) of each path.
+    """
+    from flaggems.plugins.generic import index_copy as ic
+
+    gen = torch.Generator(device="cuda").manual_seed(1)
+    for dtype in (torch.float16, torch.float32):
+        x = torch.randn(4096, 4096, device="cuda", dtype=dtype)
+        src = torch.randn(4096, 2048, device="cuda", dtype=dtype)
+        idx = torch.randperm(4096, generator=gen, device="cuda")[:2048]
+        for order, index in (("random", idx), ("sorted", idx.sort().values)):
+            for path, minimum in (("inverse", ic.INVERSE_MIN_ELEMENTS), ("scatter", 1 << 62)):
+                saved, ic.INVERSE_MIN_ELEMENTS = ic.INVERSE_MIN_ELEMENTS, minimum
+                try:
+                    name = f"paths: index_copy_ dim1 4096^2 {order} {str(dtype)[6:]} {path}"
+                    call = lambda i=index, x=x, s=src: x.index_copy_(1, i, s)  # noqa: E731
+                    ours(name, call)
+                    RESULTS[f"{name} kernels"] = kernels = _profile_kernels(call)
+                    print("   " + ", ".join(f"{k}={v:.1f}" for k, v in sorted(kernels.items())), flush=True)
+                finally:
+                    ic.INVERSE_MIN_ELEMENTS = saved
 
 
 def probe_index_sweep() -> None:
@@ -730,13 +761,60 @@ def probe_index_sweep() -> None:
     _sweep(indexing, ("TILE", "NUM_WARPS"), ((4096, 8192, 16384), (4, 8, 16)), reset, measure)
 
 
+# --------------------------------------------------------------------------- compiled kernels
+#: H200 (sm_90) per-multiprocessor limits: registers, shared memory (bytes), warps, blocks.
+SM_REGISTERS, SM_SHARED, SM_WARPS, SM_BLOCKS = 65536, 228 * 1024, 64, 32
+
+
+def _compiled_kernels() -> Iterator[tuple[str, str, object]]:
+    """``(name, cache key, CompiledKernel)`` for every specialisation of every flaggems ``@triton.jit`` function."""
+    import sys
+
+    seen = set()
+    for module_name, module in list(sys.modules.items()):
+        if not module_name.startswith("flaggems") or module is None:
+            continue
+        for attr in vars(module).values():
+            if not isinstance(attr, triton.runtime.jit.JITFunction) or id(attr) in seen:
+                continue
+            seen.add(id(attr))
+            for caches in attr.device_caches.values():
+                for key, kernel in caches[0].items():
+                    yield f"{module_name}.{attr.__name__}", str(key), kernel
+
+
+def _resident_blocks(regs: int, warps: int, shared: int) -> int:
+    """Blocks one multiprocessor holds at once (registers allocated per warp in units of 256)."""
+    regs_per_warp = -(-max(regs, 1) * 32 // 256) * 256
+    limits = [SM_BLOCKS, SM_WARPS // warps, SM_REGISTERS // (regs_per_warp * warps)]
+    if shared:
+        limits.append(SM_SHARED // shared)
+    return min(limits)
+
+
+def probe_kernel_stats() -> None:
+    """Registers, spills, shared memory and occupancy of the kernels compiled in this process."""
+    for name, key, kernel in _compiled_kernels():
+        kernel._init_handles()
+        meta = kernel.metadata
+        blocks = _resident_blocks(kernel.n_regs, meta.num_warps, meta.shared)
+        row = {"regs": kernel.n_regs, "spills": kernel.n_spills, "warps": meta.num_warps,
+               "shared": meta.shared, "blocks_per_sm": blocks, "warps_per_sm": blocks * meta.num_warps,
+               "key": key[-400:]}
+        RESULTS[f"kernel {name} {meta.hash[:8]}"] = row
+        print(f"kernel {name:60s} regs={kernel.n_regs} spills={kernel.n_spills} warps={meta.num_warps} "
+              f"shared={meta.shared} blocks/SM={blocks}", flush=True)
+
+
 SECTIONS = {
     "repeat": (probe_repeat,), "repeat_parts": (probe_repeat_parts,), "repeat_stages": (probe_repeat_stages,),
     "repeat_sweep": (probe_repeat_sweep,),
     "group_norm": (probe_group_norm,), "group_norm_host": (probe_group_norm_host,),
     "group_norm_sweep": (probe_group_norm_sweep,),
-    "index": (probe_index,), "index_sweep": (probe_index_sweep,), "launch_args": (probe_launch_args,),
+    "index": (probe_index,), "index_sweep": (probe_index_sweep,),
+    "index_copy_paths": (probe_index_copy_paths,), "launch_args": (probe_launch_args,),
     "autograd_launch": (probe_autograd_launch,), "passthrough": (probe_passthrough,),
+    "kernel_stats": (probe_kernel_stats,),
 }
 
 

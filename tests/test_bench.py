@@ -28,8 +28,9 @@ def test_list_names_every_op_and_workload(capsys):
 def test_seed_workloads_are_all_declared():
     workloads = shapes.all_workloads()
     per_op = Counter(w.op for w in workloads)
-    # seed 000: 5 shapes x 3 dtypes x (index_copy, index_copy_), plus the sorted index case per dtype and API
-    assert per_op["index_copy"] == 5 * 3 * 2 + 3 * 2
+    # seed 000: 5 shapes x 3 dtypes x (index_copy, index_copy_), plus two sorted index cases per dtype and API
+    assert per_op["index_copy"] == 5 * 3 * 2 + 2 * 3 * 2
+    assert "index_copy_ [4096x4096] dim1 idx2048 sorted" in {w.name for w in workloads}
     names = {w.name for w in workloads}
     assert "index_copy_ [1073741824] dim0 idx536870912 random" in names
     assert {"values dynamic 17096->854524", "values output_size 17096->854524",  # seed 002

@@ -22,8 +22,9 @@ CONFIGS: tuple[tuple[tuple[tuple[int, ...], int, int], tuple[tuple[int, ...], in
     (((64, 512, 512), 1, 256), ((2, 8, 8), 1, 4)),
     (((1024, 1024, 1024), 1, 512), ((4, 8, 4), 1, 4)),
 )
-#: The sorted, contiguous index case (a slice copy in disguise).
-SORTED = (((4096, 4096), 0, 2048), ((16, 16), 0, 8))
+#: The sorted, contiguous index cases (a slice copy in disguise): whole rows, and along the last
+#: dimension, where each row's block is a partial write the inverse form must not lose to a scatter.
+SORTED = ((((4096, 4096), 0, 2048), ((16, 16), 0, 8)), (((4096, 4096), 1, 2048), ((16, 16), 1, 8)))
 
 
 def build(device: torch.device, shape: tuple[int, ...], dim: int, length: int, dtype: torch.dtype,
@@ -84,4 +85,5 @@ WORKLOADS: tuple[Workload, ...] = tuple(
     for inplace in (False, True)
     for dtype in DTYPES
     for config, smoke in CONFIGS
-) + tuple(case(*SORTED, dtype, inplace, sorted_index=True) for inplace in (False, True) for dtype in DTYPES)
+) + tuple(case(config, smoke, dtype, inplace, sorted_index=True)
+        for config, smoke in SORTED for inplace in (False, True) for dtype in DTYPES)
