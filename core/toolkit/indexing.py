@@ -211,13 +211,15 @@ def _launcher(num_warps: int, **constexprs: int | bool) -> FastLauncher:
 def _tile(rows: int, cols: int, j_size: int, min_programs: int) -> tuple[int, int]:
     """``(BLOCK_R, BLOCK_C)``: ``TILE`` elements, shrunk while the grid has under ``min_programs`` tiles.
 
-    Rows shrink (down to ``MIN_TILE`` elements) to at most ``j_size``, so the
-    kernel's tiles span at most two outer positions (``WRAP_ONCE``).
+    Rows shrink to at most ``j_size`` when that keeps ``MIN_TILE`` elements,
+    so the kernel's tiles span at most two outer positions (``WRAP_ONCE``).
     """
     block_c = min(next_pow2(max(cols, 1)), MAX_COLS)
     block_r = max(TILE // block_c, 1)
-    while block_r > j_size and block_r * block_c > MIN_TILE:
-        block_r //= 2
+    if block_r > j_size >= 1:
+        within = 1 << (j_size.bit_length() - 1)  # the largest power of two <= j_size
+        if within * block_c >= MIN_TILE:
+            block_r = within
     while (block_r * block_c > MIN_TILE
            and cdiv(rows, block_r) * cdiv(cols, block_c) < min_programs):
         if block_r > 1:
