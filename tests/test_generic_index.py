@@ -163,6 +163,15 @@ def test_tiles_spanning_two_outer_positions(case, dtype, small_index_tiles, unch
     assert not gathered[::3].any() and torch.equal(gathered[1::3], expected.movedim(dim, 0)[1::3])
 
 
+def test_tile_rows_shrink_to_the_indexed_dimension_only_when_it_pays():
+    """Rows shrink to ``j_size`` (WRAP_ONCE) only when the tile keeps ``MIN_TILE`` elements."""
+    from flaggems.toolkit import indexing
+
+    assert indexing._tile(4096 * 2048, 1, 2048, 0) == (2048, 1)  # index_select [4096, 4096] dim 1
+    assert indexing._tile(200 * 20499, 3, 20499, 0) == (1024, 4)  # already within j_size
+    assert indexing._tile(5000, 1, 1000, 0) == (4096, 1)  # 512 rows would be under MIN_TILE: unchanged
+
+
 @pytest.fixture
 def small_tiles(monkeypatch):
     """The repeat_interleave kernel with 8-element blocks of 2-element sub-blocks and a 4-way search.
