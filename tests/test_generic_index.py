@@ -380,8 +380,9 @@ def test_kernels_vectorise_for_sm90():
 
         common = dict(INDEX_MODE=0, INT64=False, A_UNIT=True, B_UNIT=True, A_LINEAR=True, WRAP_ONCE=True)
         shapes = {  # (BLOCK_R, BLOCK_C, SCATTER, ALIGNED, FALLBACK): the contiguous side must vectorise
-            "index_select dim 0": (1, 4096, False, True, False), "index_copy dim 0": (1, 4096, True, True, False),
-            "index_copy [64, 512, 512] dim 1": (8, 512, True, True, False),
+            "index_select dim 0": (1, 4096, False, True, indexing.FALLBACK_ZERO),
+            "index_copy dim 0": (1, 4096, True, True, indexing.FALLBACK_ZERO),
+            "index_copy [64, 512, 512] dim 1": (8, 512, True, True, indexing.FALLBACK_ZERO),
             "index_copy by inverse, dim 0": (1, 4096, False, True, indexing.FALLBACK_TENSOR)}
         for name, (rows, cols, scatter, aligned, fallback) in shapes.items():
             for dtype in ("fp16", "fp32"):
@@ -396,7 +397,8 @@ def test_kernels_vectorise_for_sm90():
         for wrap_once in (False, True):  # one-column tiles: one row per element (index_select dim 1)
             pointers = {"a": "*fp16", "b": "*fp16", "idx": "*i64", "fallback": "*fp16"}
             code = ptx(indexing.index_along_dim_kernel, pointers, dict(
-                common, BLOCK_R=4096, BLOCK_C=1, SCATTER=False, ALIGNED=False, FALLBACK=False, WRAP_ONCE=wrap_once), 8)
+                common, BLOCK_R=4096, BLOCK_C=1, SCATTER=False, ALIGNED=False, FALLBACK=indexing.FALLBACK_ZERO,
+                WRAP_ONCE=wrap_once), 8)
             divisions[wrap_once] = len(re.findall(r"\\b(div|rem)\\.[su](32|64)", code))
         # per element (16 a thread) without WRAP_ONCE; per program with it
         assert divisions[True] <= 8 < 16 <= divisions[False], divisions

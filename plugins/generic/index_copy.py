@@ -48,7 +48,8 @@ from flaggems.toolkit.strided import SUPPORTED_DTYPES, strided_copy
 #: costs 4 bytes a position along ``dim``: a 1-D scatter keeps the plain form).
 INVERSE_MIN_ELEMENTS = 1 << 20
 INVERSE_DIM_SHARE = 8
-#: In place, rows narrower than one 32-byte memory sector are what the inverse form rewrites whole.
+#: In place, the inverse form is used for rows narrower than one 32-byte memory sector, which the
+#: plain scatter writes as partial sectors in the index's order; the gather writes them in order.
 SECTOR_BYTES = 32
 INVERT_BLOCK = 1024
 #: Up to this many positions plus indices, one program builds the inverse (fill, then scatter): a
