@@ -172,6 +172,22 @@ def test_tile_rows_shrink_to_the_indexed_dimension_only_when_it_pays():
     assert indexing._tile(5000, 1, 1000, 0) == (4096, 1)  # 512 rows would be under MIN_TILE: unchanged
 
 
+def test_merged_one_column_gathers_get_more_warps():
+    """Only the one-column gather with a fallback load (out-of-place index_copy's inverse form) takes 16 warps."""
+    from flaggems.toolkit import indexing
+
+    def warps(dim: int, fallback: int) -> int:
+        out = torch.empty(4096, 4096, dtype=torch.float16)  # gathers from source by the inverse index
+        source = torch.empty((4096, 2048) if dim else (2048, 4096), dtype=torch.float16)
+        inverse = torch.empty(4096, dtype=torch.int32)
+        plan = indexing.plan_index(out, source, dim, inverse, scatter=False, fallback=fallback)
+        return plan.launcher.options["num_warps"]
+
+    assert warps(1, indexing.FALLBACK_TENSOR) == indexing.MERGED_GATHER_WARPS == 16
+    assert warps(1, indexing.FALLBACK_KEEP) == warps(1, indexing.FALLBACK_ZERO) == indexing.NUM_WARPS
+    assert warps(0, indexing.FALLBACK_TENSOR) == indexing.NUM_WARPS  # wide rows: not measured to gain
+
+
 @pytest.fixture
 def small_tiles(monkeypatch):
     """The repeat_interleave kernel with 8-element blocks of 2-element sub-blocks and a 4-way search.
