@@ -98,18 +98,31 @@ SELECT_CASES = {  # (shape, dim, index): rows x columns of the work, in tiles of
     "one column": ((6, 10), 1, [9, 0, 4, 4, 2, 7, 1]),
     "inner of two dims": ((3, 5, 2, 6), 1, [4, 0, 2]),
     "transposed input": ((9, 10), 0, [8, 1, 1, 0, 6]),
+    "whole rows, one column tile": ((10, 4), 0, [9, 2, 2, 5, 0, 7]),
+    "1-D": ((13,), 0, [12, 0, 5, 5, 3, 11, 7, 1, 8, 2, 6, 4, 9, 10, 0, 3, 12]),
 }
+
+
+def _select_case_input(case: str) -> tuple[torch.Tensor, int, torch.Tensor]:
+    shape, dim, index = SELECT_CASES[case]
+    x = torch.arange(torch.Size(shape).numel(), device=DEV).reshape(shape)
+    if case == "transposed input":
+        x = x.t()
+        dim = 1
+    return x, dim, torch.tensor(index, device=DEV)
+
+
+def _gather_constexprs(indexing, x: torch.Tensor, dim: int, idx: torch.Tensor) -> dict:
+    out = torch.empty(x.shape[:dim] + (len(idx),) + x.shape[dim + 1:], dtype=x.dtype, device=DEV)
+    return indexing.plan_index(out, x, dim, idx, scatter=False).launcher.constexprs
 
 
 @pytest.mark.parametrize("case", SELECT_CASES, ids=list(SELECT_CASES))
 @pytest.mark.parametrize("dtype", [torch.float16, torch.float32, torch.int64])
 def test_interior_and_edge_tiles(case, dtype, small_index_tiles, unchecked):
-    shape, dim, index = SELECT_CASES[case]
-    x = torch.arange(torch.Size(shape).numel(), device=DEV).reshape(shape).to(dtype)
-    if case == "transposed input":
-        x = x.t()
-        dim = 1
-    idx = torch.tensor(index, device=DEV)
+    x, dim, idx = _select_case_input(case)
+    x = x.to(dtype)
+    index = idx.tolist()
     with native_scope():
         expected = torch.index_select(x, dim, idx)
         target = torch.full_like(x, -1)
@@ -132,24 +145,28 @@ def test_interior_and_edge_tiles(case, dtype, small_index_tiles, unchecked):
     assert torch.equal(scattered, reference)
 
 
-WRAP_CASES = {  # (make input, dim, indices): 16-row tiles over >= 16 rows of j, so each spans two outer positions
-    "one column, 20 rows of j": (lambda: torch.arange(5 * 40).reshape(5, 40), 1, 20),
-    "two outer dims, carry into the first": (lambda: torch.arange(4 * 3 * 19).reshape(4, 3, 19).transpose(0, 1), 2, 17),
-    "two outer dims, j a whole tile": (lambda: torch.arange(4 * 3 * 40).reshape(4, 3, 40).transpose(0, 1), 2, 16),
+WRAP_CASES = {  # (make input, dim, indices, ROWS form): 16-row tiles over >= 16 rows of j
+    "one column, 20 rows of j": (lambda: torch.arange(5 * 40).reshape(5, 40), 1, 20, "ROWS_WRAP_ONCE"),
+    "two outer dims, carry into the first": (
+        lambda: torch.arange(4 * 3 * 19).reshape(4, 3, 19).transpose(0, 1), 2, 17, "ROWS_WRAP_ONCE"),
+    "two outer dims, j a whole tile": (
+        lambda: torch.arange(4 * 3 * 40).reshape(4, 3, 40).transpose(0, 1), 2, 16, "ROWS_ONE_OUTER"),
+    "two outer dims, j two tiles": (
+        lambda: torch.arange(4 * 3 * 40).reshape(4, 3, 40).transpose(0, 1), 2, 32, "ROWS_ONE_OUTER"),
 }
 
 
 @pytest.mark.parametrize("case", WRAP_CASES, ids=list(WRAP_CASES))
 @pytest.mark.parametrize("dtype", [torch.float16, torch.int64])
-def test_tiles_spanning_two_outer_positions(case, dtype, small_index_tiles, unchecked):
-    """``WRAP_ONCE``: a tile's rows are split into (outer, j) by one division per tile, then a compare."""
-    make, dim, count = WRAP_CASES[case]
+def test_tiles_spanning_one_or_two_outer_positions(case, dtype, small_index_tiles, unchecked):
+    """A tile's rows split into (outer, j) by divisions of its first row only, then a compare or nothing."""
+    make, dim, count, form = WRAP_CASES[case]
     x = make().to(DEV, dtype)
     gen = torch.Generator().manual_seed(3)
     idx = torch.randperm(x.shape[dim], generator=gen)[:count].to(DEV)
     out = torch.empty(0, device=DEV, dtype=dtype)
-    plan = small_index_tiles.plan_index(torch.index_select(x, dim, idx), x, dim, idx, scatter=False)
-    assert plan.launcher.constexprs["WRAP_ONCE"], "the case must exercise WRAP_ONCE"
+    rows = _gather_constexprs(small_index_tiles, x, dim, idx)["ROWS"]
+    assert rows == getattr(small_index_tiles, form), f"the case must exercise {form}"
     with native_scope():
         expected = torch.index_select(x, dim, idx)
         target = torch.full_like(x, -1)
@@ -163,8 +180,24 @@ def test_tiles_spanning_two_outer_positions(case, dtype, small_index_tiles, unch
     assert not gathered[::3].any() and torch.equal(gathered[1::3], expected.movedim(dim, 0)[1::3])
 
 
+def test_index_cases_cover_every_rows_form(small_index_tiles):
+    """The cases above reach every ``ROWS_*`` form (each one-column form too), so each is tested end to end."""
+    forms = set()
+    for case in SELECT_CASES:
+        constexprs = _gather_constexprs(small_index_tiles, *_select_case_input(case))
+        forms.add((constexprs["ROWS"], constexprs["BLOCK_C"] == 1))
+    for make, dim, count, _ in WRAP_CASES.values():
+        x = make().to(DEV)
+        constexprs = _gather_constexprs(small_index_tiles, x, dim, torch.arange(count, device=DEV))
+        forms.add((constexprs["ROWS"], constexprs["BLOCK_C"] == 1))
+    every = (small_index_tiles.ROWS_DIVIDE, small_index_tiles.ROWS_WRAP_ONCE,
+             small_index_tiles.ROWS_ONE_OUTER, small_index_tiles.ROWS_NO_OUTER)
+    assert {rows for rows, _ in forms} == set(every)
+    assert {rows for rows, one_column in forms if one_column} == set(every)
+
+
 def test_tile_rows_shrink_to_the_indexed_dimension_only_when_it_pays():
-    """Rows shrink to ``j_size`` (WRAP_ONCE) only when the tile keeps ``MIN_TILE`` elements."""
+    """Rows shrink to ``j_size`` (ROWS_WRAP_ONCE) only when the tile keeps ``MIN_TILE`` elements."""
     from flaggems.toolkit import indexing
 
     assert indexing._tile(4096 * 2048, 1, 2048, 0) == (2048, 1)  # index_select [4096, 4096] dim 1
@@ -371,7 +404,8 @@ def test_repeat_interleave_beyond_2_31_outputs():
 def test_kernels_vectorise_for_sm90():
     """Interior index tiles and full repeat_interleave blocks use 16-byte accesses (sm_90 PTX, no GPU needed).
 
-    Also: with ``WRAP_ONCE`` a one-column tile divides once per program, not once per element.
+    Also: a one-column tile divides once per program (``ROWS_WRAP_ONCE``, ``ROWS_ONE_OUTER``), not
+    once per element; index_select along dim 0 of a matrix does not divide at all.
 
     Sizes are runtime arguments Triton does not specialise, so only accesses
     without a size mask can vectorise: before the interior-tile branch every
@@ -394,7 +428,8 @@ def test_kernels_vectorise_for_sm90():
             src = ASTSource(fn, signature=sig, constexprs=constexprs, attrs=attrs)
             return triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": num_warps}).asm["ptx"]
 
-        common = dict(INDEX_MODE=0, INT64=False, A_UNIT=True, B_UNIT=True, A_LINEAR=True, WRAP_ONCE=True)
+        common = dict(INDEX_MODE=0, INT64=False, A_UNIT=True, B_UNIT=True, A_LINEAR=True,
+                      ROWS=indexing.ROWS_WRAP_ONCE)
         shapes = {  # (BLOCK_R, BLOCK_C, SCATTER, ALIGNED, FALLBACK): the contiguous side must vectorise
             "index_select dim 0": (1, 4096, False, True, indexing.FALLBACK_ZERO),
             "index_copy dim 0": (1, 4096, True, True, indexing.FALLBACK_ZERO),
@@ -410,14 +445,21 @@ def test_kernels_vectorise_for_sm90():
                    dict(BLOCK=2048, SUB=16, FANOUT=256, GATHER=False), 4)
         assert "st.global.v2.b64" in code, "full repeat_interleave blocks did not vectorise"
         divisions = {}
-        for wrap_once in (False, True):  # one-column tiles: one row per element (index_select dim 1)
+        for rows in range(4):  # one-column tiles: one row per element (index_select dim 1)
             pointers = {"a": "*fp16", "b": "*fp16", "idx": "*i64", "fallback": "*fp16"}
             code = ptx(indexing.index_along_dim_kernel, pointers, dict(
                 common, BLOCK_R=4096, BLOCK_C=1, SCATTER=False, ALIGNED=False, FALLBACK=indexing.FALLBACK_ZERO,
-                WRAP_ONCE=wrap_once), 8)
-            divisions[wrap_once] = len(re.findall(r"\\b(div|rem)\\.[su](32|64)", code))
-        # per element (16 a thread) without WRAP_ONCE; per program with it
-        assert divisions[True] <= 8 < 16 <= divisions[False], divisions
+                ROWS=rows), 8)
+            divisions[rows] = len(re.findall(r"\\b(div|rem)\\.[su](32|64)", code))
+        # per element (16 a thread) with ROWS_DIVIDE; per program in the tile forms; none without outer dims
+        assert divisions[indexing.ROWS_NO_OUTER] < 2, divisions  # the program's column tile
+        assert divisions[indexing.ROWS_ONE_OUTER] <= divisions[indexing.ROWS_WRAP_ONCE] <= 8, divisions
+        assert 16 <= divisions[indexing.ROWS_DIVIDE], divisions
+        # index_select along dim 0 of a matrix: whole rows, no outer dimension
+        code = ptx(indexing.index_along_dim_kernel, pointers, dict(
+            common, BLOCK_R=1, BLOCK_C=4096, SCATTER=False, ALIGNED=True, FALLBACK=indexing.FALLBACK_ZERO,
+            ROWS=indexing.ROWS_NO_OUTER), 8)
+        assert len(re.findall(r"\\b(div|rem)\\.[su](32|64)", code)) < 2, "the flat dim 0 plan divides per row"
         for one_program in (False, True):  # the index_copy inverse: both forms compile
             ptx(ic._invert_kernel, {"index": "*i64", "inverse": "*i32"},
                 dict(BLOCK=1024, ONE_PROGRAM=one_program), 4)

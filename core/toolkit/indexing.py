@@ -66,6 +66,8 @@ _SCALARS = ("outer0", "outer1", "rows", "inner1", "cols", "col_tiles", "dim_size
 INDEX_TENSOR, INDEX_DIVIDE_INT, INDEX_DIVIDE_TENSOR = 0, 1, 2
 #: What a gather writes where ``index[j]`` is invalid: zero, a fallback tensor's element, or nothing.
 FALLBACK_ZERO, FALLBACK_TENSOR, FALLBACK_KEEP = 0, 1, 2
+#: How a tile's rows split into ``(outer, j)``, dearest first (see :func:`_row_coordinates`).
+ROWS_DIVIDE, ROWS_WRAP_ONCE, ROWS_ONE_OUTER, ROWS_NO_OUTER = 0, 1, 2, 3
 
 
 @triton.jit
@@ -88,17 +90,20 @@ def index_along_dim_kernel(a, b, idx, fallback,
                            BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr, SCATTER: tl.constexpr,
                            INT64: tl.constexpr, INDEX_MODE: tl.constexpr, A_LINEAR: tl.constexpr,
                            A_UNIT: tl.constexpr, B_UNIT: tl.constexpr, ALIGNED: tl.constexpr,
-                           FALLBACK: tl.constexpr, WRAP_ONCE: tl.constexpr):
+                           FALLBACK: tl.constexpr, ROWS: tl.constexpr):
     """One ``BLOCK_R x BLOCK_C`` tile of ``[(outer, j), inner]`` per program (1-D grid).
 
     ``A_LINEAR``: ``a`` is row-major over the work (offset ``r * cols + c``);
     ``A_UNIT``/``B_UNIT``: that operand's inner positions have unit stride.
     ``FALLBACK`` (gather), where the index is invalid: ``FALLBACK_ZERO``
     writes zero, ``FALLBACK_TENSOR`` ``fallback``'s value at ``a``'s own
-    offset, ``FALLBACK_KEEP`` nothing (``fallback`` is ``a``). ``WRAP_ONCE``: see
-    :func:`_row_coordinates`.
+    offset, ``FALLBACK_KEEP`` nothing (``fallback`` is ``a``). ``ROWS``: how a
+    row splits into ``(outer, j)`` (``ROWS_*``, see :func:`_row_coordinates`).
     """
     pid = _narrow(tl.program_id(0), INT64)
+    # Not specialised for a grid of one column of tiles (``row_tile = pid``, no division): on the H200
+    # that made the one-column inverse gathers slower (run 8, [4096, 4096] dim 1 fp16 sorted, at the
+    # warps they take: in place 29.2 -> 37.7 µs, out of place 36.3 -> 42.3), for a division a program.
     col_tiles = _narrow(col_tiles, INT64)
     row_tile = pid // col_tiles
     r = row_tile * BLOCK_R + tl.arange(0, BLOCK_R)
@@ -109,7 +114,7 @@ def index_along_dim_kernel(a, b, idx, fallback,
     row_ok = r < _narrow(rows, INT64)
     col_ok = c < cols
     o0, o1, j = _row_coordinates(row_tile * BLOCK_R, tl.arange(0, BLOCK_R), _narrow(j_size, INT64),
-                                 _narrow(outer1, INT64), WRAP_ONCE)
+                                 _narrow(outer1, INT64), ROWS)
     if INDEX_MODE == 0:  # index tensor
         target = tl.load(idx + j * _narrow(idx_stride, INT64), mask=row_ok, other=-1)
     elif INDEX_MODE == 1:  # repeat by a host integer
@@ -139,16 +144,31 @@ def index_along_dim_kernel(a, b, idx, fallback,
 
 
 @triton.jit
-def _row_coordinates(first, lanes, j_size, outer1, WRAP_ONCE: tl.constexpr):
+def _row_coordinates(first, lanes, j_size, outer1, ROWS: tl.constexpr):
     """``(o0, o1, j)`` of the rows ``r = first + lanes``, where ``r = (o0 * outer1 + o1) * j_size + j``.
 
-    ``WRAP_ONCE`` (the host checked ``BLOCK_R <= j_size``): the tile's rows
-    span at most two ``(o0, o1)``, so the divisions run once on the scalar
-    ``first`` and each row only compares. Dividing every row by the runtime
-    sizes costs ~20 instructions a division: in a one-column tile, where each
-    element is its own row, that is most of the kernel's work.
+    Dividing every row by the runtime sizes (``ROWS_DIVIDE``) costs ~20
+    instructions a division: in a one-column tile, where each element is its
+    own row, that is most of the kernel's work. The host picks the cheapest
+    form its geometry allows:
+
+    * ``ROWS_NO_OUTER`` (both outer sizes are 1): every row is its own ``j``.
+    * ``ROWS_ONE_OUTER`` (``BLOCK_R`` divides ``j_size``): the tile lies in one
+      ``(o0, o1)``, found by divisions of the scalar ``first``; ``j`` is
+      consecutive.
+    * ``ROWS_WRAP_ONCE`` (``BLOCK_R <= j_size``): the tile spans at most two
+      ``(o0, o1)``; the divisions run on ``first`` and each row only compares.
     """
-    if WRAP_ONCE:
+    if ROWS == 3:  # ROWS_NO_OUTER
+        j = first + lanes
+        o0 = 0
+        o1 = 0
+    elif ROWS == 2:  # ROWS_ONE_OUTER
+        o = first // j_size
+        o1 = o % outer1
+        o0 = o // outer1
+        j = (first - o * j_size) + lanes
+    elif ROWS == 1:  # ROWS_WRAP_ONCE
         o = first // j_size
         o1 = o % outer1
         o0 = o // outer1
@@ -160,7 +180,7 @@ def _row_coordinates(first, lanes, j_size, outer1, WRAP_ONCE: tl.constexpr):
         next0 = tl.where(carry, o0 + 1, o0)
         o1 = tl.where(wrap, next1, o1)
         o0 = tl.where(wrap, next0, o0)
-    else:
+    else:  # ROWS_DIVIDE
         r = first + lanes
         j = r % j_size
         o = r // j_size
@@ -218,7 +238,7 @@ def _tile(rows: int, cols: int, j_size: int, min_programs: int) -> tuple[int, in
     """``(BLOCK_R, BLOCK_C)``: ``TILE`` elements, shrunk while the grid has under ``min_programs`` tiles.
 
     Rows shrink to at most ``j_size`` when that keeps ``MIN_TILE`` elements,
-    so the kernel's tiles span at most two outer positions (``WRAP_ONCE``).
+    so the kernel's tiles span at most two outer positions (``ROWS_WRAP_ONCE``).
     """
     block_c = min(next_pow2(max(cols, 1)), MAX_COLS)
     block_r = max(TILE // block_c, 1)
@@ -280,13 +300,22 @@ def plan_index(a: torch.Tensor, b: torch.Tensor, dim: int, index: torch.Tensor, 
     constexprs = {"BLOCK_R": block_r, "BLOCK_C": block_c, "SCATTER": scatter, "INDEX_MODE": mode,
                   "INT64": _needs_int64(a, b, rows * cols, (block_r + 1) * max(cols, 1)),
                   "A_LINEAR": a_linear, "A_UNIT": a_unit, "B_UNIT": b_unit, "ALIGNED": aligned,
-                  "FALLBACK": fallback, "WRAP_ONCE": block_r <= j_size}
+                  "FALLBACK": fallback, "ROWS": _rows_form(o_sizes, j_size, block_r)}
     scalars = (o_sizes[0], o_sizes[1], j_size, rows, i_sizes[1], cols, col_tiles, b.shape[dim],
                o_a[0], o_a[1], a_st[dim], i_a[0], i_a[1], o_b[0], o_b[1], b_st[dim], i_b[0], i_b[1],
                index.stride(0) if index.dim() else 0, max(divisor, 1))
     most = MERGED_GATHER_WARPS if fallback == FALLBACK_TENSOR and block_c == 1 else NUM_WARPS
     warps = max(min(most, block_r * block_c // ELEMENTS_PER_WARP), 1)
     return IndexPlan(scalars, (tiles,), _launcher(warps, **constexprs))
+
+
+def _rows_form(outer: tuple[int, int], j_size: int, block_r: int) -> int:
+    """The cheapest ``ROWS_*`` split of rows into ``(outer, j)`` that this geometry allows."""
+    if outer[0] * outer[1] == 1:
+        return ROWS_NO_OUTER
+    if j_size and j_size % block_r == 0:
+        return ROWS_ONE_OUTER
+    return ROWS_WRAP_ONCE if block_r <= j_size else ROWS_DIVIDE
 
 
 def _unit_inner(sizes: tuple[int, int], strides: tuple[int, int]) -> bool:
