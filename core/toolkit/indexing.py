@@ -54,7 +54,9 @@ ELEMENTS_PER_WARP = 256
 #: form along the last dimension). H200, [4096, 4096] dim 1, kernel µs with 8 -> 16 warps
 #: (run 7): sorted block fp16 64.2 -> 50.5, fp32 69.9 -> 56.2; random fp16 51.6 -> 58.1, fp32
 #: 75.9 -> 71.9 (torch: 50.2, 68.3, 134.7, 219.9). The in-place form (no fallback load) was best
-#: at 8: 35.9 against 37.7 µs sorted, 44.8 against 46.7 random (fp16).
+#: at 8: 35.9 against 37.7 µs sorted, 44.8 against 46.7 random (fp16). With ``ROWS_ONE_OUTER``
+#: (run 8, fp16 sorted / random): merged 72.5 / 57.4 at 8 warps, 36.3 / 41.6 at 16; in place
+#: 29.2 / 38.2 at 8, 29.6 / 39.1 at 16.
 MERGED_GATHER_WARPS = 16
 
 # Runtime scalars Triton must not specialise (a new shape never compiles).
