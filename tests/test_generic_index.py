@@ -98,7 +98,7 @@ SELECT_CASES = {  # (shape, dim, index): rows x columns of the work, in tiles of
     "one column": ((6, 10), 1, [9, 0, 4, 4, 2, 7, 1]),
     "inner of two dims": ((3, 5, 2, 6), 1, [4, 0, 2]),
     "transposed input": ((9, 10), 0, [8, 1, 1, 0, 6]),
-    "whole rows, one column tile": ((10, 4), 0, [9, 2, 2, 5, 0, 7]),
+    "whole rows, one tile wide": ((10, 4), 0, [9, 2, 2, 5, 0, 7]),
     "1-D": ((13,), 0, [12, 0, 5, 5, 3, 11, 7, 1, 8, 2, 6, 4, 9, 10, 0, 3, 12]),
 }
 
@@ -405,7 +405,7 @@ def test_kernels_vectorise_for_sm90():
     """Interior index tiles and full repeat_interleave blocks use 16-byte accesses (sm_90 PTX, no GPU needed).
 
     Also: a one-column tile divides once per program (``ROWS_WRAP_ONCE``, ``ROWS_ONE_OUTER``), not
-    once per element; index_select along dim 0 of a matrix does not divide at all.
+    once per element; index_select along dim 0 of a matrix divides only to find its column tile.
 
     Sizes are runtime arguments Triton does not specialise, so only accesses
     without a size mask can vectorise: before the interior-tile branch every
@@ -460,9 +460,15 @@ def test_kernels_vectorise_for_sm90():
             common, BLOCK_R=1, BLOCK_C=4096, SCATTER=False, ALIGNED=True, FALLBACK=indexing.FALLBACK_ZERO,
             ROWS=indexing.ROWS_NO_OUTER), 8)
         assert len(re.findall(r"\\b(div|rem)\\.[su](32|64)", code)) < 2, "the flat dim 0 plan divides per row"
-        for one_program in (False, True):  # the index_copy inverse: both forms compile
-            ptx(ic._invert_kernel, {"index": "*i64", "inverse": "*i32"},
-                dict(BLOCK=1024, ONE_PROGRAM=one_program), 4)
+        for one_program in (False, True):  # the index_copy inverse: every form compiles
+            for order in (False, True):
+                ptx(ic._invert_kernel, {"index": "*i64", "inverse": "*i32"},
+                    dict(BLOCK=1024, ONE_PROGRAM=one_program, ORDER=order), 4)
+        side = dict(BLOCK_R=4096, BLOCK_C=1, INT64=False, A_LINEAR=True, A_UNIT=True, B_UNIT=True, ALIGNED=False,
+                    ROWS=indexing.ROWS_ONE_OUTER)
+        ptx(indexing.scatter_or_gather_kernel,  # in place index_copy_ along the last dimension
+            {"a": "*fp16", "b": "*fp16", "idx": "*i64", "inverse": "*i32", "order": "*i32"},
+            {**{"S_" + k: v for k, v in side.items()}, **{"G_" + k: v for k, v in side.items()}}, 8)
         print("ok")
     """)
     run_compiled(script)
@@ -497,11 +503,14 @@ INVERSE_CASES = {  # (shape, dim, index length)
 
 @pytest.mark.parametrize("case", INVERSE_CASES, ids=list(INVERSE_CASES))
 @pytest.mark.parametrize("dtype", [torch.float16, torch.float32, torch.int32, torch.bool])
-def test_index_copy_by_inverse(case, dtype, inverse_always, small_index_tiles, unchecked):
+@pytest.mark.parametrize("order", ["random", "increasing"])
+def test_index_copy_by_inverse(case, dtype, order, inverse_always, small_index_tiles, unchecked):
+    """In place, an increasing index takes the scatter inside the one launch, any other the gather."""
     shape, dim, count = INVERSE_CASES[case]
     gen = torch.Generator().manual_seed(len(case))
     self_ = (torch.randn(shape, generator=gen) * 9).to(dtype).to(DEV)
-    index = torch.randperm(self_.shape[dim], generator=gen)[:count].to(DEV)
+    index = torch.randperm(self_.shape[dim], generator=gen)[:count]
+    index = (index.sort().values if order == "increasing" else index).to(DEV)
     source_shape = list(shape)
     source_shape[dim] = count
     source = (torch.randn(source_shape, generator=gen) * 9).to(dtype).to(DEV)
@@ -530,8 +539,53 @@ def test_index_copy_by_inverse_edge_cases(inverse_always, small_index_tiles, unc
         assert torch.equal(result[:, 7], source[:, 0])
         column = result[:, 2]
         assert torch.equal(column, source[:, 3]) or torch.equal(column, source[:, 4])
+    # Never decreasing, with out-of-range ends and a duplicate: the scatter branch, same contract.
+    ordered = self_.clone().index_copy_(1, torch.tensor([-1, 2, 2, 7, 8], device=DEV), source)
+    untouched = [c for c in range(8) if c not in (7, 2)]
+    assert torch.equal(ordered[:, untouched], self_[:, untouched]) and torch.equal(ordered[:, 7], source[:, 3])
+    assert torch.equal(ordered[:, 2], source[:, 1]) or torch.equal(ordered[:, 2], source[:, 2])
     empty = torch.empty(0, dtype=torch.int64, device=DEV)
     assert torch.equal(self_.index_copy(1, empty, source[:, :0]), self_)
+
+
+@pytest.mark.parametrize("flag", [-1, 0, 1])
+def test_scatter_or_gather_follows_the_device_flag(flag, small_index_tiles):
+    """The flag alone picks the branch: given an inverse that indexes nothing, only the scatter writes."""
+    dest = torch.zeros(6, 10, device=DEV)
+    source = torch.arange(1.0, 25.0, device=DEV).reshape(6, 4)
+    index = torch.tensor([1, 4, 5, 8], device=DEV)
+    nothing = torch.full((10,), -1, dtype=torch.int32, device=DEV)
+    order = torch.tensor([flag], dtype=torch.int32, device=DEV)
+    with native_scope():
+        assert small_index_tiles.scatter_or_gather(dest, source, 1, index, nothing, order)
+        expected = torch.zeros(6, 10, device=DEV).index_copy_(1, index, source)
+    assert torch.equal(dest, expected if flag <= 0 else torch.zeros(6, 10, device=DEV))
+
+
+ORDER_CASES = {  # index, whether it ever decreases (blocks of 4 indices in the fixture)
+    "increasing": ([0, 1, 3, 4, 6, 9, 10, 11, 13], False),
+    "repeats, never decreasing": ([1, 1, 2, 2, 2, 5, 5, 8], False),
+    "decreases inside a block": ([0, 2, 1, 3, 4, 5, 6, 7], True),
+    "decreases across blocks": ([0, 1, 2, 9, 3, 4, 5, 6], True),
+    "decreases at the end": ([0, 1, 2, 3, 4, 5, 6, 7, 8, 0], True),
+    "one index": ([5], False),
+}
+
+
+@pytest.mark.parametrize("case", ORDER_CASES, ids=list(ORDER_CASES))
+def test_inverse_flags_a_decreasing_index(case, inverse_always):
+    """The inverse kernel's order flag, by one program and by blocks: positive iff the index decreases."""
+    values, decreases = ORDER_CASES[case]
+    index = torch.tensor(values, device=DEV)
+    with native_scope():
+        inverse, order = inverse_always._inverse(index, 16, order=True)
+        assert (int(order[0]) > 0) == decreases
+        expected = torch.full((16,), -1, dtype=torch.int32)
+        for j, d in enumerate(values):
+            expected[d] = j
+        if len(set(values)) == len(values):  # duplicates: one j wins, unspecified
+            assert torch.equal(inverse.cpu(), expected)
+        assert torch.equal(inverse.cpu() >= 0, expected >= 0)
 
 
 def test_index_copy_by_inverse_is_chosen_by_size():
@@ -540,9 +594,9 @@ def test_index_copy_by_inverse_is_chosen_by_size():
 
     calls = []
 
-    def spy(index, size):
+    def spy(index, size, **kwargs):
         calls.append(size)
-        return real(index, size)
+        return real(index, size, **kwargs)
 
     real, ic._inverse = ic._inverse, spy
     try:

@@ -63,6 +63,7 @@ MERGED_GATHER_WARPS = 16
 _SCALARS = ("outer0", "outer1", "rows", "inner1", "cols", "col_tiles", "dim_size",
             "a_o0", "a_o1", "a_j", "a_i0", "a_i1", "b_o0", "b_o1", "b_d", "b_i0", "b_i1",
             "idx_stride", "j_size", "divisor")
+_EITHER_SCALARS = ("scatter_tiles", "gather_tiles", *(side + name for side in ("s_", "g_") for name in _SCALARS))
 
 #: How the kernel finds ``index[j]``: a tensor, ``j // int``, or ``j // tensor[0]``.
 INDEX_TENSOR, INDEX_DIVIDE_INT, INDEX_DIVIDE_TENSOR = 0, 1, 2
@@ -102,7 +103,62 @@ def index_along_dim_kernel(a, b, idx, fallback,
     offset, ``FALLBACK_KEEP`` nothing (``fallback`` is ``a``). ``ROWS``: how a
     row splits into ``(outer, j)`` (``ROWS_*``, see :func:`_row_coordinates`).
     """
-    pid = _narrow(tl.program_id(0), INT64)
+    _index_tile(_narrow(tl.program_id(0), INT64), a, b, idx, fallback,
+                outer0, outer1, j_size, rows, inner1, cols, col_tiles, dim_size,
+                a_o0, a_o1, a_j, a_i0, a_i1, b_o0, b_o1, b_d, b_i0, b_i1, idx_stride, divisor,
+                BLOCK_R, BLOCK_C, SCATTER, INT64, INDEX_MODE, A_LINEAR, A_UNIT, B_UNIT, ALIGNED, FALLBACK, ROWS)
+
+
+@triton.jit(do_not_specialize=_EITHER_SCALARS)
+def scatter_or_gather_kernel(a, b, idx, inverse, order, scatter_tiles: tl.int64, gather_tiles: tl.int64,
+                             s_outer0: tl.int64, s_outer1: tl.int64, s_j_size: tl.int64, s_rows: tl.int64,
+                             s_inner1: tl.int64, s_cols: tl.int64, s_col_tiles: tl.int64, s_dim_size: tl.int64,
+                             s_a_o0: tl.int64, s_a_o1: tl.int64, s_a_j: tl.int64, s_a_i0: tl.int64,
+                             s_a_i1: tl.int64, s_b_o0: tl.int64, s_b_o1: tl.int64, s_b_d: tl.int64,
+                             s_b_i0: tl.int64, s_b_i1: tl.int64, s_idx_stride: tl.int64, s_divisor: tl.int64,
+                             g_outer0: tl.int64, g_outer1: tl.int64, g_j_size: tl.int64, g_rows: tl.int64,
+                             g_inner1: tl.int64, g_cols: tl.int64, g_col_tiles: tl.int64, g_dim_size: tl.int64,
+                             g_a_o0: tl.int64, g_a_o1: tl.int64, g_a_j: tl.int64, g_a_i0: tl.int64,
+                             g_a_i1: tl.int64, g_b_o0: tl.int64, g_b_o1: tl.int64, g_b_d: tl.int64,
+                             g_b_i0: tl.int64, g_b_i1: tl.int64, g_idx_stride: tl.int64, g_divisor: tl.int64,
+                             S_BLOCK_R: tl.constexpr, S_BLOCK_C: tl.constexpr, S_INT64: tl.constexpr,
+                             S_A_LINEAR: tl.constexpr, S_A_UNIT: tl.constexpr, S_B_UNIT: tl.constexpr,
+                             S_ALIGNED: tl.constexpr, S_ROWS: tl.constexpr,
+                             G_BLOCK_R: tl.constexpr, G_BLOCK_C: tl.constexpr, G_INT64: tl.constexpr,
+                             G_A_LINEAR: tl.constexpr, G_A_UNIT: tl.constexpr, G_B_UNIT: tl.constexpr,
+                             G_ALIGNED: tl.constexpr, G_ROWS: tl.constexpr):
+    """In place: scatter ``a`` into ``b`` by ``idx`` when ``order[0] <= 0``, else gather ``b`` into ``b``.
+
+    One launch that takes either form, chosen on the device by the flag the
+    inverse kernel wrote (``order[0] > 0``: the index decreases somewhere).
+    ``a`` is the source, ``b`` the destination; ``s_*`` describe the scatter
+    plan, ``g_*`` the gather by ``inverse`` that writes only indexed
+    positions (``FALLBACK_KEEP``). The grid covers the larger plan; a program
+    past the chosen plan's tiles does nothing.
+    """
+    pid = tl.program_id(0)
+    if tl.load(order) <= 0:
+        if pid < scatter_tiles:
+            _index_tile(_narrow(pid, S_INT64), a, b, idx, a,
+                        s_outer0, s_outer1, s_j_size, s_rows, s_inner1, s_cols, s_col_tiles, s_dim_size,
+                        s_a_o0, s_a_o1, s_a_j, s_a_i0, s_a_i1, s_b_o0, s_b_o1, s_b_d, s_b_i0, s_b_i1,
+                        s_idx_stride, s_divisor, S_BLOCK_R, S_BLOCK_C, True, S_INT64, 0, S_A_LINEAR, S_A_UNIT,
+                        S_B_UNIT, S_ALIGNED, 0, S_ROWS)
+    elif pid < gather_tiles:
+        _index_tile(_narrow(pid, G_INT64), b, a, inverse, b,
+                    g_outer0, g_outer1, g_j_size, g_rows, g_inner1, g_cols, g_col_tiles, g_dim_size,
+                    g_a_o0, g_a_o1, g_a_j, g_a_i0, g_a_i1, g_b_o0, g_b_o1, g_b_d, g_b_i0, g_b_i1,
+                    g_idx_stride, g_divisor, G_BLOCK_R, G_BLOCK_C, False, G_INT64, 0, G_A_LINEAR, G_A_UNIT,
+                    G_B_UNIT, G_ALIGNED, 2, G_ROWS)
+
+
+@triton.jit
+def _index_tile(pid, a, b, idx, fallback, outer0, outer1, j_size, rows, inner1, cols, col_tiles, dim_size,
+                a_o0, a_o1, a_j, a_i0, a_i1, b_o0, b_o1, b_d, b_i0, b_i1, idx_stride, divisor,
+                BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr, SCATTER: tl.constexpr, INT64: tl.constexpr,
+                INDEX_MODE: tl.constexpr, A_LINEAR: tl.constexpr, A_UNIT: tl.constexpr, B_UNIT: tl.constexpr,
+                ALIGNED: tl.constexpr, FALLBACK: tl.constexpr, ROWS: tl.constexpr):
+    """Tile ``pid`` of :func:`index_along_dim_kernel` (its arguments, documented there)."""
     # Not specialised for a grid of one column of tiles (``row_tile = pid``, no division): on the H200
     # that made the one-column inverse gathers slower (run 8, [4096, 4096] dim 1 fp16 sorted, at the
     # warps they take: in place 29.2 -> 37.7 µs, out of place 36.3 -> 42.3), for a division a program.
@@ -346,6 +402,18 @@ _PLANS: dict[tuple, IndexPlan | None] = {}
 _PLAN_CACHE_SIZE = 4096
 
 
+def _cached_plan(a: torch.Tensor, b: torch.Tensor, dim: int, index: torch.Tensor, scatter: bool,
+                 mode: int, divisor: int, invalid: int) -> IndexPlan | None:
+    key = (a.shape, a.stride(), b.stride(), b.shape[dim], dim, index.stride(), scatter, mode, divisor, invalid)
+    plan = _PLANS.get(key, _PLANS)
+    if plan is _PLANS:
+        plan = plan_index(a, b, dim, index, scatter, mode, divisor, invalid)
+        if len(_PLANS) >= _PLAN_CACHE_SIZE:
+            _PLANS.clear()
+        _PLANS[key] = plan
+    return plan
+
+
 def index_along_dim(a: torch.Tensor, b: torch.Tensor, dim: int, index: torch.Tensor, scatter: bool,
                     mode: int = INDEX_TENSOR, divisor: int = 1, fallback: torch.Tensor | None = None) -> bool:
     """Run the gather/scatter; returns False (nothing done) when the layout is unsupported.
@@ -355,16 +423,58 @@ def index_along_dim(a: torch.Tensor, b: torch.Tensor, dim: int, index: torch.Ten
     be ``a`` itself: the invalid positions are then not written at all.
     """
     invalid = FALLBACK_ZERO if fallback is None else FALLBACK_KEEP if fallback is a else FALLBACK_TENSOR
-    key = (a.shape, a.stride(), b.stride(), b.shape[dim], dim, index.stride(), scatter, mode, divisor, invalid)
-    plan = _PLANS.get(key, _PLANS)
-    if plan is _PLANS:
-        plan = plan_index(a, b, dim, index, scatter, mode, divisor, invalid)
-        if len(_PLANS) >= _PLAN_CACHE_SIZE:
-            _PLANS.clear()
-        _PLANS[key] = plan
+    plan = _cached_plan(a, b, dim, index, scatter, mode, divisor, invalid)
     if plan is None:
         return False
     if plan.grid[0]:
         plan.launcher(plan.grid, a, b, index, a if fallback is None else fallback, *plan.scalars)
     return True
 
+
+#: Constexprs each side of :func:`scatter_or_gather_kernel` takes from its plan (the rest are fixed).
+_EITHER_CONSTEXPRS = ("BLOCK_R", "BLOCK_C", "INT64", "A_LINEAR", "A_UNIT", "B_UNIT", "ALIGNED", "ROWS")
+_EITHER_LAUNCHERS: dict[tuple, FastLauncher] = {}
+_EITHER_BY_PLANS: dict[tuple[int, int], tuple[IndexPlan, IndexPlan, FastLauncher]] = {}
+
+
+def _either_launcher(scatter: IndexPlan, gather: IndexPlan) -> FastLauncher:
+    # Keyed by the two cached plans' identities (kept alive in the entry, so an id is never reused).
+    entry = _EITHER_BY_PLANS.get((id(scatter), id(gather)))
+    if entry is None or entry[0] is not scatter or entry[1] is not gather:
+        if len(_EITHER_BY_PLANS) >= _PLAN_CACHE_SIZE:
+            _EITHER_BY_PLANS.clear()
+        entry = _EITHER_BY_PLANS[(id(scatter), id(gather))] = (scatter, gather, _new_either_launcher(scatter, gather))
+    return entry[2]
+
+
+def _new_either_launcher(scatter: IndexPlan, gather: IndexPlan) -> FastLauncher:
+    warps = max(scatter.launcher.options["num_warps"], gather.launcher.options["num_warps"])
+    constexprs = {**{"S_" + k: scatter.launcher.constexprs[k] for k in _EITHER_CONSTEXPRS},
+                  **{"G_" + k: gather.launcher.constexprs[k] for k in _EITHER_CONSTEXPRS}}
+    key = (warps, *constexprs.values())
+    launcher = _EITHER_LAUNCHERS.get(key)
+    if launcher is None:
+        launcher = _EITHER_LAUNCHERS[key] = FastLauncher(scatter_or_gather_kernel, constexprs, num_warps=warps)
+    return launcher
+
+
+def scatter_or_gather(dest: torch.Tensor, source: torch.Tensor, dim: int, index: torch.Tensor,
+                      inverse: torch.Tensor, order: torch.Tensor) -> bool:
+    """In place ``dest[..., index[j], ...] = source[..., j, ...]`` in one launch, either form chosen on the device.
+
+    ``order`` (one int32 element, written by an earlier launch): ``<= 0``
+    says ``index`` never decreases, and the plain scatter runs, writing in
+    the index's order; otherwise a gather over ``dest`` through ``inverse``
+    (``inverse[d]`` = the ``j`` with ``index[j] == d``, ``< 0`` where none)
+    writes the indexed positions in ``dest``'s order. No host
+    synchronisation. Returns False (nothing done) when a layout is unsupported.
+    """
+    scatter = _cached_plan(source, dest, dim, index, True, INDEX_TENSOR, 1, FALLBACK_ZERO)
+    gather = _cached_plan(dest, source, dim, inverse, False, INDEX_TENSOR, 1, FALLBACK_KEEP)
+    if scatter is None or gather is None:
+        return False
+    tiles = max(scatter.grid[0], gather.grid[0])
+    if tiles:
+        _either_launcher(scatter, gather)((tiles,), source, dest, index, inverse, order, scatter.grid[0],
+                                          gather.grid[0], *scatter.scalars, *gather.scalars)
+    return True

@@ -16,8 +16,13 @@ place it writes every destination element once, ``source[..., j, ...]`` where
 used for narrow rows (under 32 bytes, a partial sector each) and writes only
 the indexed positions, in order, whatever the index's order. Reading and
 rewriting the other positions too cost twice the time on a sorted index
-(run 6: [4096, 4096] dim 1 fp16, 73 against 39 µs; torch 39). Measured:
-benchmarks/RESULTS.md, runs 5 and 6.
+(run 6: [4096, 4096] dim 1 fp16, 73 against 39 µs; torch 39). An index that
+never decreases writes in order through the plain scatter too, which is
+faster there (run 8: 18.0 against 32.9 µs; random: 119.4 against 44.2). The
+inverse kernel flags a decreasing index, and one launch
+(:func:`~flaggems.toolkit.indexing.scatter_or_gather`) takes the scatter or
+the gather on the device: no host synchronisation, no launch left empty.
+Measured: benchmarks/RESULTS.md, runs 5, 6 and 8.
 
 Invalid arguments (shapes, dtypes, index rank or dtype, devices, a ``self``
 sharing memory with ``source`` or ``index``) decline to the native kernel,
@@ -38,7 +43,7 @@ import triton.language as tl
 
 from flaggems import Decline
 from flaggems.toolkit import cdiv, checks
-from flaggems.toolkit.indexing import index_along_dim
+from flaggems.toolkit.indexing import index_along_dim, scatter_or_gather
 from flaggems.toolkit.launch import FastLauncher
 from flaggems.toolkit.layout import overlaps
 from flaggems.toolkit.strided import SUPPORTED_DTYPES, strided_copy
@@ -59,34 +64,52 @@ ONE_PROGRAM_LIMIT = 1 << 17
 
 
 @triton.jit(do_not_specialize=("n", "size", "stride"))
-def _invert_kernel(index, inverse, n, size, stride, BLOCK: tl.constexpr, ONE_PROGRAM: tl.constexpr):
+def _invert_kernel(index, inverse, n, size, stride, BLOCK: tl.constexpr, ONE_PROGRAM: tl.constexpr,
+                   ORDER: tl.constexpr):
     """``inverse[index[j]] = j`` for every in-range ``index[j]`` (duplicates: one ``j`` wins, unspecified).
 
     ``ONE_PROGRAM``: a single program first fills ``inverse`` with -1, then
     (after a barrier, which orders the two within the program) scatters every
     ``j``: no separate fill launch. Otherwise program ``p`` scatters block ``p``
-    into an ``inverse`` filled beforehand.
+    into an ``inverse`` filled beforehand. ``ORDER``: also set
+    ``inverse[size]`` to 1 where ``index`` decreases somewhere (one program:
+    it writes 0 otherwise; by blocks, the fill's -1 stays).
     """
     lanes = tl.arange(0, BLOCK)
     if ONE_PROGRAM:
         for start in range(0, size, BLOCK):
             tl.store(inverse + start + lanes, tl.full((BLOCK,), -1, tl.int32), mask=start + lanes < size)
         tl.debug_barrier()
+        decreases = 0
         for start in range(0, n, BLOCK):
-            _scatter_positions(index, inverse, start + lanes, n, size, stride)
+            decreases |= _scatter_positions(index, inverse, start + lanes, n, size, stride, ORDER)
+        if ORDER:
+            tl.store(inverse + size, decreases)
     else:
-        _scatter_positions(index, inverse, tl.program_id(0) * BLOCK + lanes, n, size, stride)
+        decreases = _scatter_positions(index, inverse, tl.program_id(0) * BLOCK + lanes, n, size, stride, ORDER)
+        if ORDER:
+            if decreases:
+                tl.atomic_max(inverse + size, 1)
 
 
 @triton.jit
-def _scatter_positions(index, inverse, j, n, size, stride):
-    """``inverse[index[j]] = j`` for the positions ``j`` below ``n`` whose index is in ``[0, size)``."""
+def _scatter_positions(index, inverse, j, n, size, stride, ORDER: tl.constexpr):
+    """``inverse[index[j]] = j`` for the positions ``j`` below ``n`` whose index is in ``[0, size)``.
+
+    Returns 1 where ``ORDER`` and some ``index[j - 1] > index[j]`` (0 otherwise).
+    """
     live = j < n
-    d = tl.load(index + j.to(tl.int64) * stride, mask=live, other=-1)
+    offsets = j.to(tl.int64) * stride
+    d = tl.load(index + offsets, mask=live, other=-1)
     tl.store(inverse + d, j, mask=live & (d >= 0) & (d < size))
+    decreases = 0
+    if ORDER:
+        before = tl.load(index + offsets - stride, mask=live & (j > 0), other=-(2**62))
+        decreases = tl.max((before > d).to(tl.int32), 0)
+    return decreases
 
 
-_INVERT: dict[bool, FastLauncher] = {}
+_INVERT: dict[tuple[bool, bool], FastLauncher] = {}
 
 
 def _valid(self: torch.Tensor, dim: int, index: torch.Tensor, source: torch.Tensor) -> bool:
@@ -114,26 +137,29 @@ def _as_rank1(tensor: torch.Tensor) -> torch.Tensor:
     return tensor.reshape(1) if tensor.dim() == 0 else tensor
 
 
-def _inverse(index: torch.Tensor, size: int) -> torch.Tensor:
+def _inverse(index: torch.Tensor, size: int, order: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
     """int32 ``[size]``: the ``j`` with ``index[j] == d`` at each ``d``, ``-1`` where none.
 
     One launch up to ``ONE_PROGRAM_LIMIT`` positions and indices together;
-    beyond, a fill and a launch with one program per block of indices.
+    beyond, a fill and a launch with one program per block of indices. With
+    ``order``, also a one-element int32 tensor, positive where ``index``
+    decreases somewhere (read on the device, never by the host).
     """
     n = index.numel()
     one_program = size + n <= ONE_PROGRAM_LIMIT
-    launch = _INVERT.get(one_program)
+    launch = _INVERT.get((one_program, order))
     if launch is None:
-        launch = _INVERT[one_program] = FastLauncher(
-            _invert_kernel, {"BLOCK": INVERT_BLOCK, "ONE_PROGRAM": one_program}, num_warps=4)
+        launch = _INVERT[(one_program, order)] = FastLauncher(
+            _invert_kernel, {"BLOCK": INVERT_BLOCK, "ONE_PROGRAM": one_program, "ORDER": order}, num_warps=4)
+    length = size + 1 if order else size
     if one_program:
-        inverse = torch.empty(size, dtype=torch.int32, device=index.device)
+        inverse = torch.empty(length, dtype=torch.int32, device=index.device)
         grid = (1,)
     else:
-        inverse = torch.full((size,), -1, dtype=torch.int32, device=index.device)
+        inverse = torch.full((length,), -1, dtype=torch.int32, device=index.device)
         grid = (cdiv(n, INVERT_BLOCK),)
     launch(grid, index, inverse, n, size, index.stride(0) if index.dim() else 0)
-    return inverse
+    return (inverse[:size], inverse[size:]) if order else (inverse, None)
 
 
 def _by_inverse(self: torch.Tensor, dim: int, index: torch.Tensor, source: torch.Tensor,
@@ -141,7 +167,8 @@ def _by_inverse(self: torch.Tensor, dim: int, index: torch.Tensor, source: torch
     """The scatter as a gather over the destination, when it pays (see the module docstring).
 
     In place (``out`` None) only the indexed positions of ``self`` are
-    written; else ``out`` gets ``self``'s values at the others (only when
+    written, by the plain scatter where the index never decreases (chosen on
+    the device); else ``out`` gets ``self``'s values at the others (only when
     ``out`` has ``self``'s strides). Returns False (nothing done) when the
     plain scatter is the better form.
     """
@@ -152,10 +179,13 @@ def _by_inverse(self: torch.Tensor, dim: int, index: torch.Tensor, source: torch
     if (source.dim() != self.dim() or size * INVERSE_DIM_SHARE > numel or index.numel() >= 2**31
             or (out is not None and out.stride() != self.stride())):
         return False
-    if out is None and math.prod(self.shape[dim + 1:]) * self.element_size() >= SECTOR_BYTES:
+    if out is not None:
+        return index_along_dim(out, source, dim, _inverse(index, size)[0], scatter=False, fallback=self)
+    if math.prod(self.shape[dim + 1:]) * self.element_size() >= SECTOR_BYTES:
         return False  # in place, wide rows already scatter whole sectors, and only the indexed ones
-    destination = self if out is None else out
-    return index_along_dim(destination, source, dim, _inverse(index, size), scatter=False, fallback=self)
+    inverse, order = _inverse(index, size, order=True)
+    return (scatter_or_gather(self, source, dim, index, inverse, order)
+            or index_along_dim(self, source, dim, inverse, scatter=False, fallback=self))
 
 
 def scatter_rows(self: torch.Tensor, dim: int, index: torch.Tensor, source: torch.Tensor,
