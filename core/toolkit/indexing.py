@@ -137,6 +137,8 @@ def scatter_or_gather_kernel(a, b, idx, inverse, order, scatter_tiles: tl.int64,
     past the chosen plan's tiles does nothing.
     """
     pid = tl.program_id(0)
+    # Both calls fix INDEX_MODE to 0 (an index tensor); FALLBACK is 0 for the scatter (unused) and 2
+    # (FALLBACK_KEEP) for the gather. The two sides' arguments differ only by prefix.
     if tl.load(order) <= 0:
         if pid < scatter_tiles:
             _index_tile(_narrow(pid, S_INT64), a, b, idx, a,
