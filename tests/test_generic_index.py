@@ -562,6 +562,18 @@ def test_scatter_or_gather_follows_the_device_flag(flag, small_index_tiles):
     assert torch.equal(dest, expected if flag <= 0 else torch.zeros(6, 10, device=DEV))
 
 
+@pytest.mark.parametrize("order", ["increasing", "decreasing"])
+def test_index_copy_in_place_with_a_strided_index(order, inverse_always, small_index_tiles, unchecked):
+    """Every other element of an index tensor: the order flag and both branches read it through its stride."""
+    base = torch.arange(0, 24, device=DEV) if order == "increasing" else torch.arange(23, -1, -1, device=DEV)
+    index = base[::2]  # 12 positions along a dimension of 24, stride 2
+    self_ = torch.arange(5 * 24, dtype=torch.float32, device=DEV).reshape(5, 24)
+    source = -torch.arange(1.0, 61.0, device=DEV).reshape(5, 12)
+    with native_scope():
+        expected = self_.clone().index_copy_(1, index.contiguous(), source)
+    assert torch.equal(self_.clone().index_copy_(1, index, source), expected)
+
+
 ORDER_CASES = {  # index, whether it ever decreases (blocks of 4 indices in the fixture)
     "increasing": ([0, 1, 3, 4, 6, 9, 10, 11, 13], False),
     "repeats, never decreasing": ([1, 1, 2, 2, 2, 5, 5, 8], False),

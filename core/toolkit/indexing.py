@@ -20,6 +20,10 @@ written out of bounds; a gather writes zeros there, or (given a ``fallback``
 tensor: index_copy's inverse form) that tensor's element, or nothing at all
 when the fallback is the destination itself. Callers validate indices when
 checking is on.
+
+:func:`scatter_or_gather` runs a scatter plan or a gather plan in one launch,
+whichever a flag in device memory (written by an earlier launch) picks: the
+host never reads the flag, and no launch is left empty.
 """
 
 # ruff: noqa: N803 - constexpr parameters are UPPER_CASE, as in every Triton kernel
