@@ -467,7 +467,7 @@ def test_kernels_vectorise_for_sm90():
         side = dict(BLOCK_R=4096, BLOCK_C=1, INT64=False, A_LINEAR=True, A_UNIT=True, B_UNIT=True, ALIGNED=False,
                     ROWS=indexing.ROWS_ONE_OUTER)
         ptx(indexing.scatter_or_gather_kernel,  # in place index_copy_ along the last dimension
-            {"a": "*fp16", "b": "*fp16", "idx": "*i64", "inverse": "*i32", "order": "*i32"},
+            {"a": "*fp16", "b": "*fp16", "idx": "*i64", "inverse": "*i32"},
             {**{"S_" + k: v for k, v in side.items()}, **{"G_" + k: v for k, v in side.items()}}, 8)
         print("ok")
     """)
@@ -554,10 +554,9 @@ def test_scatter_or_gather_follows_the_device_flag(flag, small_index_tiles):
     dest = torch.zeros(6, 10, device=DEV)
     source = torch.arange(1.0, 25.0, device=DEV).reshape(6, 4)
     index = torch.tensor([1, 4, 5, 8], device=DEV)
-    nothing = torch.full((10,), -1, dtype=torch.int32, device=DEV)
-    order = torch.tensor([flag], dtype=torch.int32, device=DEV)
+    nothing = torch.tensor([-1] * 10 + [flag], dtype=torch.int32, device=DEV)  # the flag after the inverse
     with native_scope():
-        assert small_index_tiles.scatter_or_gather(dest, source, 1, index, nothing, order)
+        assert small_index_tiles.scatter_or_gather(dest, source, 1, index, nothing)
         expected = torch.zeros(6, 10, device=DEV).index_copy_(1, index, source)
     assert torch.equal(dest, expected if flag <= 0 else torch.zeros(6, 10, device=DEV))
 
@@ -590,8 +589,9 @@ def test_inverse_flags_a_decreasing_index(case, inverse_always):
     values, decreases = ORDER_CASES[case]
     index = torch.tensor(values, device=DEV)
     with native_scope():
-        inverse, order = inverse_always._inverse(index, 16, order=True)
-        assert (int(order[0]) > 0) == decreases
+        buffer = inverse_always._inverse(index, 16, order=True)
+        inverse, order = buffer[:16], int(buffer[16])
+        assert (order > 0) == decreases
         expected = torch.full((16,), -1, dtype=torch.int32)
         for j, d in enumerate(values):
             expected[d] = j

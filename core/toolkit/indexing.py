@@ -114,7 +114,7 @@ def index_along_dim_kernel(a, b, idx, fallback,
 
 
 @triton.jit(do_not_specialize=_EITHER_SCALARS)
-def scatter_or_gather_kernel(a, b, idx, inverse, order, scatter_tiles: tl.int64, gather_tiles: tl.int64,
+def scatter_or_gather_kernel(a, b, idx, inverse, scatter_tiles: tl.int64, gather_tiles: tl.int64,
                              s_outer0: tl.int64, s_outer1: tl.int64, s_j_size: tl.int64, s_rows: tl.int64,
                              s_inner1: tl.int64, s_cols: tl.int64, s_col_tiles: tl.int64, s_dim_size: tl.int64,
                              s_a_o0: tl.int64, s_a_o1: tl.int64, s_a_j: tl.int64, s_a_i0: tl.int64,
@@ -131,10 +131,12 @@ def scatter_or_gather_kernel(a, b, idx, inverse, order, scatter_tiles: tl.int64,
                              G_BLOCK_R: tl.constexpr, G_BLOCK_C: tl.constexpr, G_INT64: tl.constexpr,
                              G_A_LINEAR: tl.constexpr, G_A_UNIT: tl.constexpr, G_B_UNIT: tl.constexpr,
                              G_ALIGNED: tl.constexpr, G_ROWS: tl.constexpr):
-    """In place: scatter ``a`` into ``b`` by ``idx`` when ``order[0] <= 0``, else gather ``b`` into ``b``.
+    """In place: scatter ``a`` into ``b`` by ``idx`` when the order flag is ``<= 0``, else gather into ``b``.
 
     One launch that takes either form, chosen on the device by the flag the
-    inverse kernel wrote (``order[0] > 0``: the index decreases somewhere).
+    inverse kernel wrote after the inverse, at ``inverse[s_dim_size]``
+    (positive: the index decreases somewhere; ``s_dim_size`` is the
+    destination's size along ``dim``).
     ``a`` is the source, ``b`` the destination; ``s_*`` describe the scatter
     plan, ``g_*`` the gather by ``inverse`` that writes only indexed
     positions (``FALLBACK_KEEP``). The grid covers the larger plan; a program
@@ -143,7 +145,7 @@ def scatter_or_gather_kernel(a, b, idx, inverse, order, scatter_tiles: tl.int64,
     pid = tl.program_id(0)
     # Both calls fix INDEX_MODE to 0 (an index tensor); FALLBACK is 0 for the scatter (unused) and 2
     # (FALLBACK_KEEP) for the gather. The two sides' arguments differ only by prefix.
-    if tl.load(order) <= 0:
+    if tl.load(inverse + s_dim_size) <= 0:
         if pid < scatter_tiles:
             _index_tile(_narrow(pid, S_INT64), a, b, idx, a,
                         s_outer0, s_outer1, s_j_size, s_rows, s_inner1, s_cols, s_col_tiles, s_dim_size,
@@ -440,20 +442,16 @@ def index_along_dim(a: torch.Tensor, b: torch.Tensor, dim: int, index: torch.Ten
 #: Constexprs each side of :func:`scatter_or_gather_kernel` takes from its plan (the rest are fixed).
 _EITHER_CONSTEXPRS = ("BLOCK_R", "BLOCK_C", "INT64", "A_LINEAR", "A_UNIT", "B_UNIT", "ALIGNED", "ROWS")
 _EITHER_LAUNCHERS: dict[tuple, FastLauncher] = {}
-_EITHER_BY_PLANS: dict[tuple[int, int], tuple[IndexPlan, IndexPlan, FastLauncher]] = {}
+#: Per geometry: the two plans' launcher, grid and runtime scalars (None: a layout is unsupported).
+_EITHER_PLANS: dict[tuple, tuple[FastLauncher, tuple[int], tuple[int, ...]] | None] = {}
 
 
-def _either_launcher(scatter: IndexPlan, gather: IndexPlan) -> FastLauncher:
-    # Keyed by the two cached plans' identities (kept alive in the entry, so an id is never reused).
-    entry = _EITHER_BY_PLANS.get((id(scatter), id(gather)))
-    if entry is None or entry[0] is not scatter or entry[1] is not gather:
-        if len(_EITHER_BY_PLANS) >= _PLAN_CACHE_SIZE:
-            _EITHER_BY_PLANS.clear()
-        entry = _EITHER_BY_PLANS[(id(scatter), id(gather))] = (scatter, gather, _new_either_launcher(scatter, gather))
-    return entry[2]
-
-
-def _new_either_launcher(scatter: IndexPlan, gather: IndexPlan) -> FastLauncher:
+def _plan_either(dest: torch.Tensor, source: torch.Tensor, dim: int, index: torch.Tensor,
+                 inverse: torch.Tensor) -> tuple[FastLauncher, tuple[int], tuple[int, ...]] | None:
+    scatter = plan_index(source, dest, dim, index, True)
+    gather = plan_index(dest, source, dim, inverse, False, fallback=FALLBACK_KEEP)
+    if scatter is None or gather is None:
+        return None
     warps = max(scatter.launcher.options["num_warps"], gather.launcher.options["num_warps"])
     constexprs = {**{"S_" + k: scatter.launcher.constexprs[k] for k in _EITHER_CONSTEXPRS},
                   **{"G_" + k: gather.launcher.constexprs[k] for k in _EITHER_CONSTEXPRS}}
@@ -461,26 +459,32 @@ def _new_either_launcher(scatter: IndexPlan, gather: IndexPlan) -> FastLauncher:
     launcher = _EITHER_LAUNCHERS.get(key)
     if launcher is None:
         launcher = _EITHER_LAUNCHERS[key] = FastLauncher(scatter_or_gather_kernel, constexprs, num_warps=warps)
-    return launcher
+    grid = (max(scatter.grid[0], gather.grid[0]),)
+    return launcher, grid, (scatter.grid[0], gather.grid[0], *scatter.scalars, *gather.scalars)
 
 
 def scatter_or_gather(dest: torch.Tensor, source: torch.Tensor, dim: int, index: torch.Tensor,
-                      inverse: torch.Tensor, order: torch.Tensor) -> bool:
+                      inverse: torch.Tensor) -> bool:
     """In place ``dest[..., index[j], ...] = source[..., j, ...]`` in one launch, either form chosen on the device.
 
-    ``order`` (one int32 element, written by an earlier launch): ``<= 0``
-    says ``index`` never decreases, and the plain scatter runs, writing in
-    the index's order; otherwise a gather over ``dest`` through ``inverse``
-    (``inverse[d]`` = the ``j`` with ``index[j] == d``, ``< 0`` where none)
+    ``inverse`` (int32, ``dest.shape[dim] + 1`` elements, written by an
+    earlier launch): ``inverse[d]`` is the ``j`` with ``index[j] == d`` (``< 0``
+    where none), and the last element is the order flag. A flag ``<= 0``
+    says ``index`` never decreases: the plain scatter runs, writing in the
+    index's order. Otherwise a gather over ``dest`` through ``inverse``
     writes the indexed positions in ``dest``'s order. No host
     synchronisation. Returns False (nothing done) when a layout is unsupported.
     """
-    scatter = _cached_plan(source, dest, dim, index, True, INDEX_TENSOR, 1, FALLBACK_ZERO)
-    gather = _cached_plan(dest, source, dim, inverse, False, INDEX_TENSOR, 1, FALLBACK_KEEP)
-    if scatter is None or gather is None:
+    key = (dest.shape, dest.stride(), source.stride(), source.shape[dim], dim, index.stride())
+    entry = _EITHER_PLANS.get(key, _EITHER_PLANS)
+    if entry is _EITHER_PLANS:
+        entry = _plan_either(dest, source, dim, index, inverse)
+        if len(_EITHER_PLANS) >= _PLAN_CACHE_SIZE:
+            _EITHER_PLANS.clear()
+        _EITHER_PLANS[key] = entry
+    if entry is None:
         return False
-    tiles = max(scatter.grid[0], gather.grid[0])
-    if tiles:
-        _either_launcher(scatter, gather)((tiles,), source, dest, index, inverse, order, scatter.grid[0],
-                                          gather.grid[0], *scatter.scalars, *gather.scalars)
+    launcher, grid, scalars = entry
+    if grid[0]:
+        launcher(grid, source, dest, index, inverse, *scalars)
     return True

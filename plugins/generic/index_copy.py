@@ -137,13 +137,13 @@ def _as_rank1(tensor: torch.Tensor) -> torch.Tensor:
     return tensor.reshape(1) if tensor.dim() == 0 else tensor
 
 
-def _inverse(index: torch.Tensor, size: int, order: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+def _inverse(index: torch.Tensor, size: int, order: bool = False) -> torch.Tensor:
     """int32 ``[size]``: the ``j`` with ``index[j] == d`` at each ``d``, ``-1`` where none.
 
     One launch up to ``ONE_PROGRAM_LIMIT`` positions and indices together;
     beyond, a fill and a launch with one program per block of indices. With
-    ``order``, also a one-element int32 tensor, positive where ``index``
-    decreases somewhere (read on the device, never by the host).
+    ``order``, one element more: positive where ``index`` decreases
+    somewhere (read on the device, never by the host).
     """
     n = index.numel()
     one_program = size + n <= ONE_PROGRAM_LIMIT
@@ -159,7 +159,7 @@ def _inverse(index: torch.Tensor, size: int, order: bool = False) -> tuple[torch
         inverse = torch.full((length,), -1, dtype=torch.int32, device=index.device)
         grid = (cdiv(n, INVERT_BLOCK),)
     launch(grid, index, inverse, n, size, index.stride(0) if index.dim() else 0)
-    return (inverse[:size], inverse[size:]) if order else (inverse, None)
+    return inverse
 
 
 def _by_inverse(self: torch.Tensor, dim: int, index: torch.Tensor, source: torch.Tensor,
@@ -180,11 +180,11 @@ def _by_inverse(self: torch.Tensor, dim: int, index: torch.Tensor, source: torch
             or (out is not None and out.stride() != self.stride())):
         return False
     if out is not None:
-        return index_along_dim(out, source, dim, _inverse(index, size)[0], scatter=False, fallback=self)
+        return index_along_dim(out, source, dim, _inverse(index, size), scatter=False, fallback=self)
     if math.prod(self.shape[dim + 1:]) * self.element_size() >= SECTOR_BYTES:
         return False  # in place, wide rows already scatter whole sectors, and only the indexed ones
-    inverse, order = _inverse(index, size, order=True)
-    return (scatter_or_gather(self, source, dim, index, inverse, order)
+    inverse = _inverse(index, size, order=True)  # the gather reads only its first ``size`` elements
+    return (scatter_or_gather(self, source, dim, index, inverse)
             or index_along_dim(self, source, dim, inverse, scatter=False, fallback=self))
 
 
