@@ -89,6 +89,8 @@ def small_index_tiles(monkeypatch):
     monkeypatch.setattr(indexing, "MIN_TILE", 16)
     monkeypatch.setattr(indexing, "_PLANS", {})
     monkeypatch.setattr(indexing, "_LAUNCHERS", {})
+    monkeypatch.setattr(indexing, "_EITHER_PLANS", {})  # plans built with the default tiles must not leak in
+    monkeypatch.setattr(indexing, "_EITHER_LAUNCHERS", {})
     return indexing
 
 
@@ -559,6 +561,8 @@ def test_scatter_or_gather_follows_the_device_flag(flag, small_index_tiles):
         assert small_index_tiles.scatter_or_gather(dest, source, 1, index, nothing)
         expected = torch.zeros(6, 10, device=DEV).index_copy_(1, index, source)
     assert torch.equal(dest, expected if flag <= 0 else torch.zeros(6, 10, device=DEV))
+    launcher, grid, _ = small_index_tiles._EITHER_PLANS[next(iter(small_index_tiles._EITHER_PLANS))]
+    assert launcher.constexprs["S_BLOCK_R"] == launcher.constexprs["G_BLOCK_R"] == 16 and grid == (4,)
 
 
 @pytest.mark.parametrize("order", ["increasing", "decreasing"])
