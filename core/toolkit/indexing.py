@@ -410,18 +410,6 @@ _PLANS: dict[tuple, IndexPlan | None] = {}
 _PLAN_CACHE_SIZE = 4096
 
 
-def _cached_plan(a: torch.Tensor, b: torch.Tensor, dim: int, index: torch.Tensor, scatter: bool,
-                 mode: int, divisor: int, invalid: int) -> IndexPlan | None:
-    key = (a.shape, a.stride(), b.stride(), b.shape[dim], dim, index.stride(), scatter, mode, divisor, invalid)
-    plan = _PLANS.get(key, _PLANS)
-    if plan is _PLANS:
-        plan = plan_index(a, b, dim, index, scatter, mode, divisor, invalid)
-        if len(_PLANS) >= _PLAN_CACHE_SIZE:
-            _PLANS.clear()
-        _PLANS[key] = plan
-    return plan
-
-
 def index_along_dim(a: torch.Tensor, b: torch.Tensor, dim: int, index: torch.Tensor, scatter: bool,
                     mode: int = INDEX_TENSOR, divisor: int = 1, fallback: torch.Tensor | None = None) -> bool:
     """Run the gather/scatter; returns False (nothing done) when the layout is unsupported.
@@ -431,7 +419,13 @@ def index_along_dim(a: torch.Tensor, b: torch.Tensor, dim: int, index: torch.Ten
     be ``a`` itself: the invalid positions are then not written at all.
     """
     invalid = FALLBACK_ZERO if fallback is None else FALLBACK_KEEP if fallback is a else FALLBACK_TENSOR
-    plan = _cached_plan(a, b, dim, index, scatter, mode, divisor, invalid)
+    key = (a.shape, a.stride(), b.stride(), b.shape[dim], dim, index.stride(), scatter, mode, divisor, invalid)
+    plan = _PLANS.get(key, _PLANS)
+    if plan is _PLANS:
+        plan = plan_index(a, b, dim, index, scatter, mode, divisor, invalid)
+        if len(_PLANS) >= _PLAN_CACHE_SIZE:
+            _PLANS.clear()
+        _PLANS[key] = plan
     if plan is None:
         return False
     if plan.grid[0]:
