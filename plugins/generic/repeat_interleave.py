@@ -28,8 +28,13 @@
   writing a block of at most 64 rows of at most 64 positions row by row, in
   one masked tile store after the block search: 14.1 µs against 10.7 on the
   seed case, and 10.8 against 6.6 on one row, where no block qualifies (the
-  check alone, three reductions over the row window, costs ~4 µs). Numbers:
-  benchmarks/RESULTS.md (runs 3 to 5).
+  check alone, three reductions over the row window, costs ~4 µs); and (run 9)
+  one launch that also scans, its programs waiting on each other through
+  atomic counters (19-38 µs against 15.5 for the whole op: the atomics on
+  one address serialise), and an on-chip window of a block's ends searched
+  through ``tl.gather`` (no faster: the per-element search is 0.9 of the
+  kernel's 5.95 µs, the first-row search 2.4, writing alone 2.6). Numbers:
+  benchmarks/RESULTS.md (runs 3 to 5 and 9).
 * **Never out of bounds**: a wrong ``output_size`` or a negative repeat can
   only produce unspecified values inside the output. With checks on (CPU
   interpreter, ``FLAGGEMS_CHECK_INDICES=1``) they raise torch's RuntimeError.
