@@ -317,3 +317,16 @@ def test_new_shapes_and_strides_do_not_recompile(case):
     for n, m in itertools.product((41, 70), (50, 83)):
         check_copy(*layout(n, m))
     assert compiled_variants() == before
+
+
+def test_plan_caches_start_over_when_full(monkeypatch):
+    """A per-layout plan cache is bounded: the entry that finds it full empties it first."""
+    from flaggems.toolkit import layout
+
+    monkeypatch.setattr(layout, "PLAN_CACHE_SIZE", 2)
+    cache: dict = {}
+    assert layout.remember(cache, "a", 1) == 1
+    layout.remember(cache, "b", 2)
+    assert cache == {"a": 1, "b": 2}
+    assert layout.remember(cache, "c", 3) == 3
+    assert cache == {"c": 3}

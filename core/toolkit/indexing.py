@@ -38,7 +38,7 @@ import triton.language as tl
 from .jit_helpers import hint16 as _hint
 from .jit_helpers import index_type as _narrow
 from .launch import FastLauncher
-from .layout import cdiv, collapse_dims, next_pow2, span
+from .layout import cdiv, collapse_dims, next_pow2, remember, span
 
 INT32_LIMIT = 2**31
 #: Elements per program (16 per thread at 8 warps), widest column block, warps. Swept on the
@@ -407,7 +407,6 @@ def _needs_int64(a: torch.Tensor, b: torch.Tensor, work: int, pad: int) -> bool:
 
 #: Plans per geometry: planning costs ~10 µs of Python, a cached launch ~3 µs.
 _PLANS: dict[tuple, IndexPlan | None] = {}
-_PLAN_CACHE_SIZE = 4096
 
 
 def index_along_dim(a: torch.Tensor, b: torch.Tensor, dim: int, index: torch.Tensor, scatter: bool,
@@ -422,10 +421,7 @@ def index_along_dim(a: torch.Tensor, b: torch.Tensor, dim: int, index: torch.Ten
     key = (a.shape, a.stride(), b.stride(), b.shape[dim], dim, index.stride(), scatter, mode, divisor, invalid)
     plan = _PLANS.get(key, _PLANS)
     if plan is _PLANS:
-        plan = plan_index(a, b, dim, index, scatter, mode, divisor, invalid)
-        if len(_PLANS) >= _PLAN_CACHE_SIZE:
-            _PLANS.clear()
-        _PLANS[key] = plan
+        plan = remember(_PLANS, key, plan_index(a, b, dim, index, scatter, mode, divisor, invalid))
     if plan is None:
         return False
     if plan.grid[0]:
@@ -472,10 +468,7 @@ def scatter_or_gather(dest: torch.Tensor, source: torch.Tensor, dim: int, index:
     key = (dest.shape, dest.stride(), source.stride(), source.shape[dim], dim, index.stride())
     entry = _EITHER_PLANS.get(key, _EITHER_PLANS)
     if entry is _EITHER_PLANS:
-        entry = _plan_either(dest, source, dim, index, inverse)
-        if len(_EITHER_PLANS) >= _PLAN_CACHE_SIZE:
-            _EITHER_PLANS.clear()
-        _EITHER_PLANS[key] = entry
+        entry = remember(_EITHER_PLANS, key, _plan_either(dest, source, dim, index, inverse))
     if entry is None:
         return False
     launcher, grid, scalars = entry

@@ -8,9 +8,26 @@ of any layout becomes rank 1; a broadcast or a transpose becomes rank 2.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Hashable, MutableMapping, Sequence
+from typing import TypeVar
 
 Strides = tuple[int, ...]
+PlanT = TypeVar("PlanT")
+
+#: Entries a per-layout plan cache holds before it starts over: a bound, so a stream of new
+#: shapes cannot grow it without end.
+PLAN_CACHE_SIZE = 4096
+
+
+def remember(cache: MutableMapping[Hashable, PlanT], key: Hashable, plan: PlanT) -> PlanT:
+    """Store ``plan`` under ``key`` in a per-layout plan cache (emptied when full) and return it.
+
+    Only a cache miss calls this; the hit stays an inline ``dict.get`` on the hot path.
+    """
+    if len(cache) >= PLAN_CACHE_SIZE:
+        cache.clear()
+    cache[key] = plan
+    return plan
 
 
 def collapse_dims(shape: Sequence[int], *stride_lists: Sequence[int]) -> tuple[tuple[int, ...], tuple[Strides, ...]]:

@@ -19,7 +19,7 @@ import torch
 
 from . import copy_kernels as kernels
 from .launch import FastLauncher
-from .layout import collapse_dims, move_dim, span
+from .layout import collapse_dims, move_dim, remember, span
 from .tuning import ElementwisePolicy, elementwise_policy, on_policy_change
 
 #: dtypes :func:`strided_copy` reads and writes.
@@ -35,8 +35,6 @@ INT32_LIMIT = 2**31
 SMALL_INNER = 8
 #: Column widths of the tiled kernel: a bounded menu, so shapes never add compiles.
 TILE_COLUMNS = (512, 64, 16)
-
-_PLAN_CACHE_SIZE = 4096
 
 
 def needs_int64(numel: int, sizes: Sequence[int], stride_lists: Sequence[Sequence[int]], pad: int) -> bool:
@@ -267,7 +265,4 @@ def _new_plan(key: tuple, dst: torch.Tensor, src: torch.Tensor) -> KernelPlan | 
         plan = EMPTY_PLAN if key[0] == 0 else flat_plan(key[0], policy)
     else:
         plan = plan_copy(dst.shape, dst.stride(), src.stride(), policy)
-    if len(_PLANS) >= _PLAN_CACHE_SIZE:
-        _PLANS.clear()
-    _PLANS[key] = plan
-    return plan
+    return remember(_PLANS, key, plan)
