@@ -11,6 +11,7 @@ from conftest import run_compiled
 import flaggems
 from flaggems.binding import native_scope
 from flaggems.toolkit import checks
+from flaggems.toolkit.workspace import zeroed_scratch
 
 DEV = torch.device(flaggems.backend().device_type)
 CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
@@ -225,16 +226,22 @@ def test_merged_one_column_gathers_get_more_warps():
 
 @pytest.fixture
 def small_tiles(monkeypatch):
-    """The repeat_interleave kernel with 8-element blocks of 2-element sub-blocks and a 4-way search.
+    """The repeat_interleave kernels with 8-element blocks of 2-element sub-blocks and a 4-way search,
+    scanned 4 rows a chunk with a look-back of 2 chunks a step and 2 blocks a tile.
 
-    Many programs, and every one of its three searches takes several steps.
+    Many programs, every one of the expand's three searches takes several steps,
+    and the scan's look-back walks several windows.
     """
     from flaggems.plugins.generic import repeat_interleave as ri
 
     monkeypatch.setattr(ri, "BLOCK", 8)
     monkeypatch.setattr(ri, "SUB", 2)
     monkeypatch.setattr(ri, "FANOUT", 4)
+    monkeypatch.setattr(ri, "CHUNK", 4)
+    monkeypatch.setattr(ri, "LOOKBACK", 2)
+    monkeypatch.setattr(ri, "TILE", 2)
     monkeypatch.setattr(ri, "_LAUNCHERS", {})
+    monkeypatch.setattr(ri, "_SCAN", [])
     return ri
 
 
@@ -279,8 +286,8 @@ def test_expand_wrong_output_size_stays_in_bounds(size_error, unchecked, small_t
     total = int(repeats.sum()) + size_error
     buffer = torch.full((total + 4,), -7, dtype=torch.int64, device=DEV)
     out = buffer[2:-2]  # launched on a view: its neighbours must stay -7
-    small_tiles._launcher(False)((-(-total // 8),), torch.cumsum(repeats, 0), out, out, total, 5,
-                                 small_tiles._rank_steps(5), 0)
+    small_tiles._launcher(False, False)((-(-total // 8),), torch.cumsum(repeats, 0), out, out, total, 5,
+                                        small_tiles._rank_steps(5), 0, out, 0)
     assert buffer[:2].tolist() == [-7, -7] and buffer[-2:].tolist() == [-7, -7]
     assert bool(((out >= 0) & (out < 5)).all())
     exact = native_repeat_interleave(repeats.cpu())
@@ -300,16 +307,27 @@ def test_expand_invalid_repeats_write_every_position_in_range(unchecked, small_t
     """Negative repeats (non-monotonic ends): every output position is written, with a row in [0, n).
 
     Launched on a buffer of -7s, whatever the ends say (a variant that wrote
-    short rows by tiles needed this check, run 5).
+    short rows by tiles needed this check, run 5); both ways of finding a
+    block's first row: searched, and read from the scan's table (whose
+    entries such ends may leave unwritten: here filled with garbage first).
     """
     gen = torch.Generator().manual_seed(3)
     for _ in range(60):
-        repeats = torch.randint(-3, 6, (9,), generator=gen)
-        ends = torch.cumsum(repeats, 0).to(DEV)
+        repeats = torch.randint(-3, 6, (9,), generator=gen).to(DEV)
         total = 24
-        out = torch.full((total,), -7, dtype=torch.int64, device=DEV)
-        small_tiles._launcher(False)((3,), ends, out, out, total, 9, small_tiles._rank_steps(9), 0)
-        assert bool(((out >= 0) & (out < 9)).all()), (repeats.tolist(), out.tolist())
+        for table in (False, True):
+            out = torch.full((total,), -7, dtype=torch.int64, device=DEV)
+            chunks, status = (3, zeroed_scratch(repeats, 3)) if table else (0, out)
+            if table:
+                ends = small_tiles._scan(repeats, total, status)
+                ends[9:] = torch.randint(-(2**40), 2**40, (3,), generator=gen).to(DEV).where(
+                    torch.rand(3, generator=gen).to(DEV) < 0.5, ends[9:])
+            else:
+                ends = torch.cumsum(repeats, 0)
+            small_tiles._launcher(False, table)((3,), ends, out, out, total, 9, small_tiles._rank_steps(9), 0,
+                                                status, chunks)
+            assert bool(((out >= 0) & (out < 9)).all()), (repeats.tolist(), table, out.tolist())
+            assert not bool(status[:chunks].any()), "the expand left the scan's status set"
 
 
 def test_composite_overloads_keep_autograd():
@@ -443,9 +461,14 @@ def test_kernels_vectorise_for_sm90():
                 code = ptx(indexing.index_along_dim_kernel, pointers, dict(
                     BLOCK_R=rows, BLOCK_C=cols, SCATTER=scatter, ALIGNED=aligned, FALLBACK=fallback, **common), 8)
                 assert re.search(r"(ld|st)\\.global\\.v4", code), f"{name} {dtype} did not vectorise"
-        code = ptx(ri._expand_kernel, {"ends": "*i64", "out": "*i64", "values": "*i64"},
-                   dict(BLOCK=2048, SUB=16, FANOUT=256, GATHER=False), 4)
-        assert "st.global.v2.b64" in code, "full repeat_interleave blocks did not vectorise"
+        for table in (False, True):
+            code = ptx(ri._expand_kernel, {"ends": "*i64", "out": "*i64", "values": "*i64", "status": "*i64"},
+                       dict(BLOCK=2048, SUB=16, FANOUT=256, GATHER=False, TABLE=table), 4)
+            assert "st.global.v2.b64" in code, "full repeat_interleave blocks did not vectorise"
+        for repeats in ("*i64", "*i32"):  # the scan's look-back, tickets and reset compile for the GPU
+            code = ptx(ri._scan_kernel, {"repeats": repeats, "ends": "*i64", "status": "*i64"},
+                       dict(CHUNK=ri.CHUNK, BLOCK=ri.BLOCK, LOOKBACK=ri.LOOKBACK, TILE=ri.TILE), 4)
+            assert "atom.global" in code and "ld.volatile.global" in code  # publish, look back
         divisions = {}
         for rows in range(4):  # one-column tiles: one row per element (index_select dim 1)
             pointers = {"a": "*fp16", "b": "*fp16", "idx": "*i64", "fallback": "*fp16"}

@@ -57,19 +57,28 @@ from flaggems.toolkit import cdiv, checks
 from flaggems.toolkit.indexing import INDEX_DIVIDE_INT, INDEX_DIVIDE_TENSOR, index_along_dim
 from flaggems.toolkit.launch import FastLauncher
 from flaggems.toolkit.strided import SUPPORTED_DTYPES
+from flaggems.toolkit.workspace import zeroed_scratch
 
-#: Output elements per program, and the warps that write them: 2048 / 4 warps gives the seed
-#: case (854524 items) 418 programs, about three resident per multiprocessor on an H200.
-BLOCK = 2048
+#: Output elements per program, and the warps that write them. With the scan's table (output_size
+#: known), H200, GPU time of the expand kernel (profiler, seed case): BLOCK 2048: 5.23 µs,
+#: 1024: 4.8, 512: 5.58 (do_bench of the whole op, 17096 rows -> 50M items: 110, 106, 118).
+BLOCK = 1024
 NUM_WARPS = 4
 #: Output elements per sub-block: the rows of each sub-block's ends are found first, so an
-#: element's own search spans only the few rows its sub-block touches. H200, kernel alone
-#: (do_bench, µs) for SUB 8/16/32/64: seed case 10.7/10.6/9.9/11.6 (one search over the
-#: block's rows: 18.2), 854524 one-item rows 22.9/32.9/37.4/42.9, 17096 rows -> 50M items
-#: 158/144/148/176.
-SUB = 16
-#: Row ends compared per step of the search for a program's first and last row.
+#: element's own search spans only the few rows its sub-block touches. H200, whole op with the
+#: table (do_bench, µs), SUB 8 against 16 at BLOCK 1024: seed case 13.5/13.5, 854524 one-item
+#: rows 32.2/41.2, 17096 rows -> 50M items 106/106. (Before the table, kernel alone at BLOCK
+#: 2048, SUB 8/16/32/64: seed 10.7/10.6/9.9/11.6, one-item rows 22.9/32.9/37.4/42.9.)
+SUB = 8
+#: Row ends compared per step of the search for a program's first and last row (no table).
 FANOUT = 256
+#: Rows of ``repeats`` per program of the scan: H200, scan kernel alone on the seed case
+#: (profiler, 4 warps), CHUNK 256/512/1024: 3.04/2.88/3.42 µs (cub's scan: 0.75 + 2.21).
+CHUNK = 512
+#: Predecessor chunks read per step of the scan's look-back.
+LOOKBACK = 32
+#: Blocks searched at a time by a chunk whose rows hold several block starts each.
+TILE = 1024
 
 
 @triton.jit
@@ -128,22 +137,37 @@ def _bisect(ends, lo, hi, targets, steps, live):
     return lo
 
 
-@triton.jit(do_not_specialize=("total", "n", "rank_steps", "values_stride"))
-def _expand_kernel(ends, out, values, total: tl.int64, n, rank_steps, values_stride: tl.int64,
-                   BLOCK: tl.constexpr, SUB: tl.constexpr, FANOUT: tl.constexpr, GATHER: tl.constexpr):
+@triton.jit(do_not_specialize=("total", "n", "rank_steps", "values_stride", "chunks"))
+def _expand_kernel(ends, out, values, total: tl.int64, n, rank_steps, values_stride: tl.int64, status, chunks,
+                   BLOCK: tl.constexpr, SUB: tl.constexpr, FANOUT: tl.constexpr, GATHER: tl.constexpr,
+                   TABLE: tl.constexpr):
     """``out[p]`` = the row ``i`` with ``ends[i-1] <= p < ends[i]`` (or ``values[i]`` when gathering).
 
     Three searches, each narrower: the block's first and last rows among all
-    ``n`` (``_rank``), each sub-block's first and last rows among those, then
-    each element's row among its sub-block's. Rows are int32 offsets from the
-    block's first row (the host declines ``n >= 2**31``): the per-element
-    search is most of the kernel's instructions.
+    ``n``, each sub-block's first and last rows among those, then each
+    element's row among its sub-block's. With ``TABLE`` the block's first rows
+    are read from the table the scan wrote after ``ends`` (``_scan_kernel``),
+    otherwise searched (``_rank``). Rows are int32 offsets from the block's
+    first row (the host declines ``n >= 2**31``): the per-element search is
+    most of the kernel's instructions. With ``TABLE`` the programs also zero
+    the scan's ``chunks`` status words, which the scan left set.
     """
-    p0 = tl.program_id(0).to(tl.int64) * BLOCK
-    edge = tl.arange(0, 2)
-    rows = _rank(ends, n, tl.where(edge == 0, p0, tl.minimum(p0 + BLOCK, total) - 1), rank_steps, FANOUT)
-    first = tl.sum(tl.where(edge == 0, rows, 0), 0)
-    span = (tl.maximum(tl.sum(tl.where(edge == 1, rows, 0), 0), first) - first).to(tl.int32)
+    block = tl.program_id(0)
+    p0 = block.to(tl.int64) * BLOCK
+    if TABLE:
+        for start in range(block * BLOCK, chunks, tl.num_programs(0) * BLOCK):
+            words = start + tl.arange(0, BLOCK)
+            tl.store(status + words, tl.zeros((BLOCK,), dtype=tl.int64), mask=words < chunks)
+        # Entries are unspecified only for a wrong output_size: clamped, they keep every load in bounds.
+        table = ends + n
+        first = tl.minimum(tl.maximum(tl.load(table + block), 0), n - 1)
+        after = tl.load(table + block + 1, mask=block + 1 < tl.cdiv(total, BLOCK), other=n - 1)
+        span = (tl.minimum(tl.maximum(after, first), n - 1) - first).to(tl.int32)
+    else:
+        edge = tl.arange(0, 2)
+        rows = _rank(ends, n, tl.where(edge == 0, p0, tl.minimum(p0 + BLOCK, total) - 1), rank_steps, FANOUT)
+        first = tl.sum(tl.where(edge == 0, rows, 0), 0)
+        span = (tl.maximum(tl.sum(tl.where(edge == 1, rows, 0), 0), first) - first).to(tl.int32)
     base = ends + first
     sub_p0 = p0 + tl.arange(0, BLOCK // SUB) * SUB
     sub_live = sub_p0 < total
@@ -168,6 +192,107 @@ def _expand_kernel(ends, out, values, total: tl.int64, n, rank_steps, values_str
         tl.store(out + p, result, mask=live)
 
 
+#: Status of a scan chunk: its sum in the low 60 bits (two's complement), what the sum covers in the
+#: two bits above. The sign bit stays clear, so every word is a positive int64 constant.
+_VALUE_BITS: tl.constexpr = tl.constexpr(60)
+_VALUE_MASK: tl.constexpr = tl.constexpr((1 << 60) - 1)
+#: The chunk's own rows (published first, so that later chunks need not wait for its look-back).
+_AGGREGATE: tl.constexpr = tl.constexpr(1 << 60)
+#: The chunk's rows and every row before them.
+_INCLUSIVE: tl.constexpr = tl.constexpr(2 << 60)
+
+
+@triton.jit
+def _publish(status, flag, value):
+    """Store ``value`` with ``flag`` in one word, so a reader never sees one without the other."""
+    tl.atomic_xchg(status, (value & _VALUE_MASK) | flag, sem="relaxed")
+
+
+@triton.jit
+def _rows_before(status, chunk, LOOKBACK: tl.constexpr):
+    """The sum of every chunk before ``chunk``: a decoupled look-back over their status words.
+
+    Reads ``LOOKBACK`` predecessors at a time, nearest first, and adds their
+    sums down to the nearest inclusive one; an unpublished word in the way
+    means reading again. Positions before chunk 0 read as an inclusive zero,
+    so the walk ends there at the latest. Chunks start in ticket order, so
+    every predecessor is running or done: the wait ends.
+    """
+    lanes = tl.arange(0, LOOKBACK)
+    before = chunk.to(tl.int64) * 0
+    end = chunk.to(tl.int64)
+    while end > 0:
+        at = end - 1 - lanes
+        word = tl.load(status + at, mask=at >= 0, other=_INCLUSIVE, volatile=True)
+        flag = word >> _VALUE_BITS
+        nearest_inclusive = tl.min(tl.where(flag == 2, lanes, LOOKBACK), 0)
+        nearest_unpublished = tl.min(tl.where(flag == 0, lanes, LOOKBACK), 0)
+        usable = (nearest_inclusive < nearest_unpublished) | (nearest_unpublished == LOOKBACK)
+        value = (word << (64 - _VALUE_BITS)) >> (64 - _VALUE_BITS)
+        before += tl.where(usable, tl.sum(tl.where(lanes <= nearest_inclusive, value, 0), 0), 0)
+        done = usable & (nearest_inclusive < LOOKBACK)
+        end = tl.where(done, 0, tl.where(usable, end - LOOKBACK, end))
+    return before
+
+
+@triton.jit
+def _mark_first_rows(ends, table, rows, row_ends, counts, live, chunk_start, chunk_rows, before, total_here,
+                     n_blocks, BLOCK: tl.constexpr, TILE: tl.constexpr):
+    """``table[b]`` = the row holding output element ``b * BLOCK``, for the blocks starting in this chunk.
+
+    Each row writes the first block starting inside it (one masked store). A
+    row holding several block starts (repeats over ``BLOCK``) makes the chunk
+    search every block's row among its ends instead, ``TILE`` blocks at a time.
+    """
+    starts = row_ends - counts
+    block = (starts + BLOCK - 1) // BLOCK
+    owns = live & (starts >= 0) & (block * BLOCK < row_ends) & (block < n_blocks)
+    tl.store(table + block, rows, mask=owns)
+    block_starts = tl.where(owns, (row_ends + BLOCK - 1) // BLOCK - block, 0)
+    if tl.max(block_starts, 0) > 1:
+        tl.debug_barrier()  # this chunk's ends, just stored, are read back by other threads
+        lo = tl.maximum((before + BLOCK - 1) // BLOCK, 0)
+        hi = tl.minimum((before + total_here + BLOCK - 1) // BLOCK, n_blocks)
+        none = tl.zeros((TILE,), dtype=tl.int32)
+        steps = _halvings(chunk_rows)
+        for tile in range(lo, hi, TILE):
+            blocks = tile + tl.arange(0, TILE)
+            wanted = blocks < hi
+            at = _bisect(ends + chunk_start, none, none + chunk_rows, blocks * BLOCK, steps, wanted)
+            tl.store(table + blocks, chunk_start + at, mask=wanted & (at < chunk_rows))
+
+
+@triton.jit(do_not_specialize=("repeats_stride", "n", "total"))
+def _scan_kernel(repeats, repeats_stride, ends, status, n, total: tl.int64,
+                 CHUNK: tl.constexpr, BLOCK: tl.constexpr, LOOKBACK: tl.constexpr, TILE: tl.constexpr):
+    """``ends`` = the running sum of ``repeats``, and after it the table of each output block's first row.
+
+    One launch, ``CHUNK`` rows a program: a chunk publishes its sum, adds its
+    predecessors' sums by a look-back, then writes its ends and the first rows
+    of the blocks starting in it (``total`` output elements, ``BLOCK`` per
+    block). Chunks wait only on chunks of lower program id, which the GPU
+    starts first (the assumption cub's scans make too), so the wait ends.
+    ``status`` (a word per chunk) is zero at the start; the expand kernel
+    that follows zeroes it again (the ``zeroed_scratch`` contract), so no
+    memset precedes the launch and a CUDA graph can replay the pair.
+    """
+    chunk = tl.program_id(0)
+    chunk_start = chunk.to(tl.int64) * CHUNK
+    rows = chunk_start + tl.arange(0, CHUNK)
+    live = rows < n
+    counts = tl.load(repeats + rows * repeats_stride, mask=live, other=0).to(tl.int64)
+    total_here = tl.sum(counts, 0)
+    _publish(status + chunk, _AGGREGATE, total_here)
+    local_ends = tl.cumsum(counts, 0)  # while the predecessors publish
+    before = _rows_before(status, chunk, LOOKBACK)
+    _publish(status + chunk, _INCLUSIVE, before + total_here)
+    row_ends = before + local_ends
+    tl.store(ends + rows, row_ends, mask=live)
+    chunk_rows = tl.minimum(n - chunk_start, CHUNK).to(tl.int32)
+    _mark_first_rows(ends, ends + n, rows, row_ends, counts, live, chunk_start, chunk_rows, before, total_here,
+                     tl.cdiv(total, BLOCK), BLOCK, TILE)
+
+
 def _rank_steps(n: int) -> int:
     """Steps of the ``FANOUT``-ary search over ``n`` ends: ``ceil(log_FANOUT(n + 1))``."""
     steps, reach = 1, FANOUT
@@ -176,22 +301,38 @@ def _rank_steps(n: int) -> int:
     return steps
 
 
-_LAUNCHERS: dict[bool, FastLauncher] = {}
+_LAUNCHERS: dict[tuple[bool, bool], FastLauncher] = {}
 
 
-def _launcher(gather: bool) -> FastLauncher:
-    launcher = _LAUNCHERS.get(gather)
+def _launcher(gather: bool, table: bool) -> FastLauncher:
+    launcher = _LAUNCHERS.get((gather, table))
     if launcher is None:
-        launcher = _LAUNCHERS[gather] = FastLauncher(
-            _expand_kernel, {"BLOCK": BLOCK, "SUB": SUB, "FANOUT": FANOUT, "GATHER": gather}, num_warps=NUM_WARPS)
+        launcher = _LAUNCHERS[gather, table] = FastLauncher(
+            _expand_kernel, {"BLOCK": BLOCK, "SUB": SUB, "FANOUT": FANOUT, "GATHER": gather, "TABLE": table},
+            num_warps=NUM_WARPS)
     return launcher
 
 
-def _total(repeats: torch.Tensor, cumsum: torch.Tensor, output_size: int | None) -> int:
-    """The output length: ``output_size`` without a sync, else one read of (total, min)."""
-    if output_size is not None and not checks.enabled():
-        return output_size
-    total, smallest = torch.stack((cumsum[-1], repeats.min().to(torch.int64))).tolist()
+_SCAN: list[FastLauncher] = []
+
+
+def _scan(repeats: torch.Tensor, total: int, status: torch.Tensor) -> torch.Tensor:
+    """Row ends, then each of the ``cdiv(total, BLOCK)`` output blocks' first rows: one launch, no sync.
+
+    Leaves ``status`` set: the expand launched next zeroes it.
+    """
+    if not _SCAN:
+        _SCAN.append(FastLauncher(_scan_kernel, {"CHUNK": CHUNK, "BLOCK": BLOCK, "LOOKBACK": LOOKBACK,
+                                                 "TILE": TILE}, num_warps=NUM_WARPS))
+    n = repeats.shape[0]
+    ends = torch.empty(n + cdiv(total, BLOCK), dtype=torch.int64, device=repeats.device)
+    _SCAN[0]((cdiv(n, CHUNK),), repeats, repeats.stride(0), ends, status, n, total)
+    return ends
+
+
+def _checked_total(repeats: torch.Tensor, last_end: torch.Tensor, output_size: int | None) -> int:
+    """The output length read with the smallest repeat (one sync); torch's errors for bad input."""
+    total, smallest = torch.stack((last_end, repeats.min().to(torch.int64))).tolist()
     if smallest < 0:
         raise RuntimeError("repeats can not be negative")
     if output_size is not None and output_size != total:
@@ -200,18 +341,37 @@ def _total(repeats: torch.Tensor, cumsum: torch.Tensor, output_size: int | None)
 
 
 def _expand(repeats: torch.Tensor, output_size: int | None, values: torch.Tensor | None) -> torch.Tensor:
-    """Row ids (or ``values`` gathered by them) repeated ``repeats`` times each."""
-    if repeats.shape[0] >= 2**31:
+    """Row ids (or ``values`` gathered by them) repeated ``repeats`` times each.
+
+    With ``output_size`` the ends come from :func:`_scan` with the blocks'
+    first rows (two launches in all, the output allocated before them, so
+    that nothing between them can fail and leave the scan's status set);
+    without, from ``torch.cumsum`` and the one sync that reads the total, and
+    the expand searches the first rows.
+    """
+    n = repeats.shape[0]
+    if n >= 2**31:
         raise Decline("2**31 or more repeats: the kernel's row offsets are int32")
-    cumsum = torch.cumsum(repeats, 0)
-    total = _total(repeats, cumsum, output_size)
+    if output_size is None:
+        ends = torch.cumsum(repeats, 0)
+        total = _checked_total(repeats, ends[-1], None)
+    else:
+        total = output_size
+        if checks.enabled():
+            _checked_total(repeats, repeats.sum(), output_size)
     source = repeats if values is None else values
     out = torch.empty(total, dtype=source.dtype, device=source.device)
-    n = repeats.shape[0]
-    if total:
-        gather = values is not None
-        _launcher(gather)((cdiv(total, BLOCK),), cumsum, out, values if gather else out, total, n,
-                          _rank_steps(n), values.stride(0) if gather else 0)
+    if not total:
+        return out
+    chunks, status = 0, out
+    if output_size is not None:
+        chunks = cdiv(n, CHUNK)
+        status = zeroed_scratch(repeats, chunks)
+        ends = _scan(repeats, total, status)
+    gather = values is not None
+    _launcher(gather, output_size is not None)(
+        (cdiv(total, BLOCK),), ends, out, values if gather else out, total, n, _rank_steps(n),
+        values.stride(0) if gather else 0, status, chunks)
     return out
 
 

@@ -1,0 +1,55 @@
+"""Zeroed scratch for kernels whose programs talk to each other, without a memset per call.
+
+A kernel whose programs coordinate (a ticket counter that hands out work in
+start order, partial sums published for later programs) needs state that is
+zero when it starts. Allocating it zeroed on every call puts one more
+operation (a memset) on the stream before the kernel. Instead,
+:func:`zeroed_scratch` hands out one int64 buffer per (device, stream) that is
+zero when handed out, under a contract every kernel using it keeps: **it
+leaves the words it used zero when it ends** (typically the last program to
+finish clears them). Calls on one stream run in order, so the next kernel
+finds it zeroed; a kernel on another stream gets another buffer.
+
+A CUDA graph captured around such a kernel holds the buffer's address and
+stays correct on replay, since the kernel resets the buffer itself. A buffer
+that is outgrown is kept alive (a captured graph may still use it) and a
+larger one replaces it. Two replays of graphs captured on one stream must not
+run concurrently on different streams (they would share one buffer).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .launch import _device
+
+#: Words in a first buffer: enough for the common cases, so that it is rarely regrown.
+MIN_WORDS = 4096
+
+_BUFFERS: dict[tuple[str, int, int], torch.Tensor] = {}
+_OUTGROWN: list[torch.Tensor] = []
+
+
+def _stream_key(like: torch.Tensor) -> tuple[str, int, int]:
+    device = like.device
+    if device.type == "cpu":
+        return ("cpu", -1, 0)
+    index = like.get_device()
+    return (device.type, index, _device().stream(index))
+
+
+def zeroed_scratch(like: torch.Tensor, words: int) -> torch.Tensor:
+    """An int64 buffer of at least ``words`` zeros on ``like``'s device, for the current stream.
+
+    The caller's kernel must leave every word it touched zero when it ends.
+    The first call per stream (or one that needs more words) allocates it with
+    ``torch.zeros``; later calls are one dictionary lookup.
+    """
+    key = _stream_key(like)
+    buffer = _BUFFERS.get(key)
+    if buffer is None or buffer.numel() < words:
+        if buffer is not None:
+            _OUTGROWN.append(buffer)
+        size = max(words, MIN_WORDS, 2 * buffer.numel() if buffer is not None else 0)
+        buffer = _BUFFERS[key] = torch.zeros(size, dtype=torch.int64, device=like.device)
+    return buffer
