@@ -279,6 +279,22 @@ def test_expand_many_sparse_rows(unchecked):
     assert torch.equal(actual.cpu(), expected)
 
 
+@pytest.mark.parametrize("rows", [1, 4, 5, 37, 300])
+def test_scan_leaves_its_state_zeroed(rows, unchecked, small_tiles):
+    """The scan's status words (a look-back over up to 75 chunks of 4 rows) end zeroed by the expand.
+
+    Rows with several block starts each (repeats over the 8-element block)
+    take the scan's tiled first-row search; the others one store a row.
+    """
+    gen = torch.Generator().manual_seed(rows)
+    for high in (3, 40):
+        repeats = torch.randint(0, high, (rows,), generator=gen).to(DEV)
+        expected = native_repeat_interleave(repeats.cpu())
+        actual = torch.repeat_interleave(repeats, output_size=expected.numel())
+        assert torch.equal(actual.cpu(), expected), (rows, high)
+        assert not bool(zeroed_scratch(repeats, 1).any())
+
+
 @pytest.mark.parametrize("size_error", [-5, 7])
 def test_expand_wrong_output_size_stays_in_bounds(size_error, unchecked, small_tiles):
     """Whatever output_size says, only [0, output_size) is written, with row ids in [0, n)."""
@@ -396,6 +412,49 @@ def test_known_output_size_captures_in_cuda_graph(gpu_default_checks):
     assert torch.equal(values, torch.repeat_interleave(x, flipped, output_size=items))
     assert torch.equal(rows_out, torch.repeat_interleave(flipped, output_size=items))
     assert not torch.equal(values, reference)
+
+
+@CUDA
+def test_known_output_size_graph_replays_track_new_repeats(gpu_default_checks):
+    """Replayed again and again, the scan (which resets its own state) follows the repeats' new values."""
+    rows, items = 70_000, 2_000_000
+    gen = torch.Generator().manual_seed(5)
+    r = seed_repeats(rows, items, "cuda")
+    with flaggems.enabled():
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            torch.repeat_interleave(r, output_size=items)
+        torch.cuda.current_stream().wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            out = torch.repeat_interleave(r, output_size=items)
+        for _ in range(5):
+            r.copy_(seed_repeats(rows, items, "cuda")[torch.randperm(rows, generator=gen).cuda()])
+            graph.replay()
+            torch.cuda.synchronize()
+            assert torch.equal(out, native_repeat_interleave(r, output_size=items))
+
+
+@CUDA
+def test_known_output_size_on_two_streams_at_once(gpu_default_checks):
+    """Each stream has its own scan state: calls running concurrently on two streams stay correct."""
+    gen = torch.Generator().manual_seed(6)
+    first = ((torch.rand(300_000, generator=gen) < 0.2).long() * torch.randint(1, 60, (300_000,), generator=gen))
+    second = torch.randint(0, 100, (17_096,), generator=gen)
+    cases = [(r.cuda(), int(r.sum())) for r in (first, second)]
+    expected = [native_repeat_interleave(r, output_size=total) for r, total in cases]
+    streams = [torch.cuda.Stream(), torch.cuda.Stream()]
+    torch.cuda.synchronize()
+    results = []
+    with flaggems.enabled():
+        for _ in range(30):
+            for stream, (r, total) in zip(streams, cases):
+                with torch.cuda.stream(stream):
+                    results.append(torch.repeat_interleave(r, output_size=total))
+    torch.cuda.synchronize()
+    for i, out in enumerate(results):
+        assert torch.equal(out, expected[i % 2])
 
 
 @CUDA

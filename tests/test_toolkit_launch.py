@@ -227,3 +227,29 @@ def test_hooks_idle(monkeypatch):
         assert raw_launch.hooks_idle()
         runtime.launch_exit_hook.add(print)
         assert not raw_launch.hooks_idle()
+
+
+def test_zeroed_scratch_is_one_buffer_per_stream_and_grows_keeping_the_old():
+    """Handed out zeroed, the same buffer again while big enough; outgrown ones stay alive for graphs."""
+    from flaggems.toolkit import workspace
+
+    like = torch.empty(1, device=DEVICE)
+    first = workspace.zeroed_scratch(like, 10)
+    assert first.dtype == torch.int64 and first.numel() >= max(10, workspace.MIN_WORDS)
+    assert not bool(first.any())
+    assert workspace.zeroed_scratch(like, 10).data_ptr() == first.data_ptr()
+    bigger = workspace.zeroed_scratch(like, first.numel() + 1)
+    assert bigger.numel() >= 2 * first.numel() and not bool(bigger.any())
+    assert any(old is first for old in workspace._OUTGROWN)
+    assert workspace.zeroed_scratch(like, 10).data_ptr() == bigger.data_ptr()
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_zeroed_scratch_differs_between_streams():
+    from flaggems.toolkit import workspace
+
+    like = torch.empty(1, device="cuda")
+    here = workspace.zeroed_scratch(like, 10)
+    with torch.cuda.stream(torch.cuda.Stream()):
+        there = workspace.zeroed_scratch(like, 10)
+    assert here.data_ptr() != there.data_ptr()

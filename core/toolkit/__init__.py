@@ -8,6 +8,9 @@
   algebra.
 * :func:`elementwise_policy` (:mod:`.tuning`): grid/tile policy read from
   plugin tuning (``flaggems_tuning`` key ``"elementwise"``).
+* :func:`~.workspace.zeroed_scratch` (:mod:`.workspace`): per-stream zeroed
+  state for kernels whose programs coordinate, which they leave zeroed (no
+  memset launch per call; CUDA-graph safe).
 
 Importing this package imports Triton; select the backend (``flaggems.backend()``)
 first so that the CPU interpreter is set up before any kernel is decorated.

@@ -6,35 +6,54 @@
   total and the smallest repeat together.
 * **Load-balanced**: every program expands one block of ``BLOCK`` output
   elements, whatever the repeats (not one program per repeats element with a
-  serial loop). ``torch.cumsum`` gives the row ends; a program finds the rows
-  of its first and last element by a ``FANOUT``-ary search (``FANOUT`` ends
-  compared per step: two steps for 65536 rows), then the rows of each
-  ``SUB``-element sub-block's ends among those, then each element's row
-  among its sub-block's few (int32 offsets, cache-resident ends). The
-  per-element search is most of the kernel's instructions: narrowing it
-  from the block's rows to the sub-block's took the seed case from 13.8 to
-  6.1 µs of GPU time (profiler; torch's thread-per-row kernel: 3.5).
-  Earlier versions: a whole-array binary search per element (28.6 µs
-  do_bench), a single fused launch that scans ``repeats`` in every program
-  (no cumsum; 28-95 µs: its serial scan dominates), and (run 4) counting
-  each sub-block's rows from one load of a block's ends when they fit a
-  64-row window, instead of the sub-block search: 16.5 µs of GPU time
-  (profiler), its ``[128, 64]`` compare-and-sum costs more than the search; and
-  (run 5) counting each element's row from a ``tl.histogram`` of the block's
-  row ends and its running sum, for blocks holding up to a window of ends: the
-  kernel alone (do_bench, H200, triton 3.6) took 23.5-40 µs on every case it
-  covered, against 10.7 µs searching on the seed case (triton 3.6 lowers the
-  2048-bin histogram through shared-memory atomics and ballots); and (run 5)
-  writing a block of at most 64 rows of at most 64 positions row by row, in
-  one masked tile store after the block search: 14.1 µs against 10.7 on the
-  seed case, and 10.8 against 6.6 on one row, where no block qualifies (the
-  check alone, three reductions over the row window, costs ~4 µs); and (run 9)
-  one launch that also scans, its programs waiting on each other through
-  atomic counters (19-38 µs against 15.5 for the whole op: the atomics on
-  one address serialise), and an on-chip window of a block's ends searched
-  through ``tl.gather`` (no faster: the per-element search is 0.9 of the
-  kernel's 5.95 µs, the first-row search 2.4, writing alone 2.6). Numbers:
-  benchmarks/RESULTS.md (runs 3 to 5 and 9).
+  serial loop). A program needs the row ends (the running sum of
+  ``repeats``) and its block's first row. With ``output_size`` known, one
+  launch of our own scan (``_scan_kernel``: chunks of rows, each adding its
+  predecessors' sums by a decoupled look-back) writes both: the ends, and a
+  table of each block's first row (a row stores its own number at the first
+  block starting inside it). Without, ``torch.cumsum`` gives the ends and a
+  program finds its first and last rows by a ``FANOUT``-ary search
+  (``FANOUT`` ends compared per step: two steps for 65536 rows). Then the
+  rows of each ``SUB``-element sub-block's ends are found among the block's
+  rows, then each element's row among its sub-block's few (int32 offsets,
+  cache-resident ends).
+
+  Measured on an H200 (benchmarks/RESULTS.md, runs 3 to 5, 9 and 10), seed
+  case (17096 rows -> 854524 items, ``output_size`` given):
+
+  * now: scan 2.34 µs + expand 4.83 µs of GPU time (profiler), 12.0 µs for the
+    op (do_bench), against torch's 0.75 + 2.21 + 3.49 µs, 12.8 µs;
+  * before the scan (run 9): cub's two-kernel scan through ``torch.cumsum``,
+    then the expand with its own first-row search: 6.1-6.5 µs for the expand
+    alone, 15.3-15.6 µs for the op (the search was 2.4 µs of it);
+  * the expand's parts (run 10, BLOCK 1024): reading the table and writing
+    alone 2.5 µs, the sub-block search 1.0, the element search 1.2. Counting
+    each sub-block's rows against a 32-row window of ends loaded once was
+    faster alone (0.5 against 0.9 µs) but slower with the element search
+    after it (4.96 against 4.64); a linear element search (one boundary load
+    per sub-block and step) 4.48 against 4.62: noise, not kept;
+  * the first scan had each chunk take a ticket (an atomic) and the last one
+    to finish zero the state (another): 4.64 µs (1024-row chunks); ordering
+    chunks by program id as cub does and zeroing the state in the expand:
+    3.4 (2.9 with 512-row chunks); computing the chunk's running sum while
+    the predecessors publish: 2.34;
+  * earlier designs: a whole-array binary search per element (28.6 µs
+    do_bench); one fused launch that scans ``repeats`` in every program
+    (28-95 µs: its serial scan dominates); counting each sub-block's rows
+    from one load of a block's ends in a 64-row window (16.5 µs of GPU time,
+    its ``[128, 64]`` compare-and-sum costs more than the search); each
+    element's row from a ``tl.histogram`` of the block's row ends (23.5-40
+    µs, triton 3.6 lowers the 2048-bin histogram through shared-memory
+    atomics); writing blocks of at most 64 rows row by row in one masked tile
+    store (14.1 against 10.7 µs); one launch that scans and expands, its
+    programs waiting on each other through atomic counters (19-38 against
+    15.5 µs: the atomics on one address serialise); an on-chip window of a
+    block's ends searched through ``tl.gather`` (no faster).
+* **Scan state**: the scan's status words live in
+  :func:`flaggems.toolkit.workspace.zeroed_scratch` (one buffer per stream, so
+  concurrent streams do not share it). The expand zeroes them again, and the
+  output is allocated before the scan, so nothing between the two launches can
+  fail and leave them set; a CUDA graph of the pair replays correctly.
 * **Never out of bounds**: a wrong ``output_size`` or a negative repeat can
   only produce unspecified values inside the output. With checks on (CPU
   interpreter, ``FLAGGEMS_CHECK_INDICES=1``) they raise torch's RuntimeError.
