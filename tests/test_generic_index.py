@@ -295,6 +295,25 @@ def test_scan_leaves_its_state_zeroed(rows, unchecked, small_tiles):
         assert not bool(zeroed_scratch(repeats, 1).any())
 
 
+def test_scan_state_is_zeroed_when_the_expand_fails(unchecked, small_tiles, monkeypatch):
+    """An expand that raises after the scan ran (a compile error, say) must not leave status words set."""
+    repeats = torch.tensor([3, 0, 4, 2, 5, 1, 1, 7, 2], device=DEV)
+    total = int(repeats.sum())
+
+    def failing_launcher(gather, table):
+        def launch(*args):
+            raise RuntimeError("expand failed")
+        return launch
+
+    with monkeypatch.context() as patch:
+        patch.setattr(small_tiles, "_launcher", failing_launcher)
+        with pytest.raises(RuntimeError, match="expand failed"):
+            torch.repeat_interleave(repeats, output_size=total)
+    assert not bool(zeroed_scratch(repeats, 1).any())
+    assert torch.equal(torch.repeat_interleave(repeats, output_size=total).cpu(),
+                       native_repeat_interleave(repeats.cpu()))
+
+
 @pytest.mark.parametrize("size_error", [-5, 7])
 def test_expand_wrong_output_size_stays_in_bounds(size_error, unchecked, small_tiles):
     """Whatever output_size says, only [0, output_size) is written, with row ids in [0, n)."""

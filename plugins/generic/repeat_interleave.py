@@ -234,8 +234,8 @@ def _rows_before(status, chunk, LOOKBACK: tl.constexpr):
     Reads ``LOOKBACK`` predecessors at a time, nearest first, and adds their
     sums down to the nearest inclusive one; an unpublished word in the way
     means reading again. Positions before chunk 0 read as an inclusive zero,
-    so the walk ends there at the latest. Chunks start in ticket order, so
-    every predecessor is running or done: the wait ends.
+    so the walk ends there at the latest. Chunks start in program-id order,
+    so every predecessor is running or done: the wait ends.
     """
     lanes = tl.arange(0, LOOKBACK)
     before = chunk.to(tl.int64) * 0
@@ -382,15 +382,20 @@ def _expand(repeats: torch.Tensor, output_size: int | None, values: torch.Tensor
     out = torch.empty(total, dtype=source.dtype, device=source.device)
     if not total:
         return out
-    chunks, status = 0, out
-    if output_size is not None:
-        chunks = cdiv(n, CHUNK)
-        status = zeroed_scratch(repeats, chunks)
-        ends = _scan(repeats, total, status)
     gather = values is not None
-    _launcher(gather, output_size is not None)(
-        (cdiv(total, BLOCK),), ends, out, values if gather else out, total, n, _rank_steps(n),
-        values.stride(0) if gather else 0, status, chunks)
+    if output_size is None:
+        _launcher(gather, False)((cdiv(total, BLOCK),), ends, out, values if gather else out, total, n,
+                                 _rank_steps(n), values.stride(0) if gather else 0, out, 0)
+        return out
+    chunks = cdiv(n, CHUNK)
+    status = zeroed_scratch(repeats, chunks)
+    ends = _scan(repeats, total, status)
+    try:
+        _launcher(gather, True)((cdiv(total, BLOCK),), ends, out, values if gather else out, total, n, 0,
+                                values.stride(0) if gather else 0, status, chunks)
+    except BaseException:  # e.g. the expand failed to compile: the scan's status words must not outlive it
+        status[:chunks].zero_()
+        raise
     return out
 
 
