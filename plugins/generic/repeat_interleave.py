@@ -174,7 +174,8 @@ def _expand_kernel(ends, out, values, total: tl.int64, n, rank_steps, values_str
     block = tl.program_id(0)
     p0 = block.to(tl.int64) * BLOCK
     if TABLE:
-        for start in range(block * BLOCK, chunks, tl.num_programs(0) * BLOCK):
+        # int64 bounds: past 2**21 programs, block * BLOCK overflows int32 (and once wrote below status).
+        for start in range(p0, chunks, tl.num_programs(0).to(tl.int64) * BLOCK):
             words = start + tl.arange(0, BLOCK)
             tl.store(status + words, tl.zeros((BLOCK,), dtype=tl.int64), mask=words < chunks)
         # Entries are unspecified only for a wrong output_size: clamped, they keep every load in bounds.
