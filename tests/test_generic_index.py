@@ -295,6 +295,18 @@ def test_scan_leaves_its_state_zeroed(rows, unchecked, small_tiles):
         assert not bool(zeroed_scratch(repeats, 1).any())
 
 
+@pytest.mark.parametrize("dtype", [torch.int64, torch.int32])
+def test_scan_reads_strided_repeats(dtype, unchecked, small_tiles):
+    """The scan reads ``repeats`` through its stride: every third element of a longer tensor."""
+    gen = torch.Generator().manual_seed(7)
+    repeats = torch.randint(0, 12, (90,), generator=gen).to(dtype).to(DEV)[::3]
+    expected = native_repeat_interleave(repeats.cpu())
+    values = torch.arange(30.0, device=DEV)
+    assert torch.equal(torch.repeat_interleave(repeats, output_size=expected.numel()).cpu(), expected)
+    assert torch.equal(torch.repeat_interleave(values, repeats, output_size=expected.numel()).cpu(),
+                       values.cpu()[expected.long()])
+
+
 def test_scan_state_is_zeroed_when_the_expand_fails(unchecked, small_tiles, monkeypatch):
     """An expand that raises after the scan ran (a compile error, say) must not leave status words set."""
     repeats = torch.tensor([3, 0, 4, 2, 5, 1, 1, 7, 2], device=DEV)
