@@ -1,17 +1,18 @@
 """Zeroed scratch for kernels whose programs talk to each other, without a memset per call.
 
-A kernel whose programs coordinate (a ticket counter that hands out work in
-start order, partial sums published for later programs) needs state that is
-zero when it starts. Allocating it zeroed on every call puts one more
-operation (a memset) on the stream before the kernel. Instead,
-:func:`zeroed_scratch` hands out one int64 buffer per (device, stream) that is
-zero when handed out, under a contract every kernel using it keeps: **it
-leaves the words it used zero when it ends** (typically the last program to
-finish clears them). Calls on one stream run in order, so the next kernel
-finds it zeroed; a kernel on another stream gets another buffer.
+A kernel whose programs coordinate (e.g. partial sums published for later
+programs, as in a decoupled look-back scan) needs state that is zero when it
+starts. Allocating it zeroed on every call puts one more operation (a memset)
+on the stream before the kernel. Instead, :func:`zeroed_scratch` hands out one
+int64 buffer per (device, stream) that is zero when handed out, under a
+contract every caller keeps: **the words it used are zero again when its
+launches end** (cleared by the kernel's last program, or, as repeat_interleave
+does, by the launch that follows it on the same stream). Calls on one stream
+run in order, so the next caller finds it zeroed; another stream gets another
+buffer.
 
-A CUDA graph captured around such a kernel holds the buffer's address and
-stays correct on replay, since the kernel resets the buffer itself. A buffer
+A CUDA graph captured around such launches holds the buffer's address and
+stays correct on replay, since the launches reset the buffer themselves. A buffer
 that is outgrown is kept alive (a captured graph may still use it) and a
 larger one replaces it. Two replays of graphs captured on one stream must not
 run concurrently on different streams (they would share one buffer).
@@ -41,7 +42,7 @@ def _stream_key(like: torch.Tensor) -> tuple[str, int, int]:
 def zeroed_scratch(like: torch.Tensor, words: int) -> torch.Tensor:
     """An int64 buffer of at least ``words`` zeros on ``like``'s device, for the current stream.
 
-    The caller's kernel must leave every word it touched zero when it ends.
+    The caller's launches must leave every word they touched zero when they end.
     The first call per stream (or one that needs more words) allocates it with
     ``torch.zeros``; later calls are one dictionary lookup.
     """
