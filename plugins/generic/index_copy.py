@@ -42,7 +42,7 @@ import triton
 import triton.language as tl
 
 from flaggems import Decline
-from flaggems.toolkit import cdiv, checks
+from flaggems.toolkit import cdiv, checks, partition
 from flaggems.toolkit.indexing import index_along_dim, scatter_or_gather
 from flaggems.toolkit.launch import FastLauncher
 from flaggems.toolkit.layout import overlaps
@@ -188,6 +188,19 @@ def _by_inverse(self: torch.Tensor, dim: int, index: torch.Tensor, source: torch
             or index_along_dim(self, source, dim, inverse, scatter=False, fallback=self))
 
 
+def _grouped(target: torch.Tensor, dim: int, index: torch.Tensor, source: torch.Tensor) -> bool:
+    """A large scatter of single elements (every other dimension of size 1): grouped by region first.
+
+    See :mod:`flaggems.toolkit.partition` (run 11: the fp16 [2^30] random
+    case). Returns False (nothing done) for any other workload, or when its
+    workspace cannot be allocated.
+    """
+    if target.numel() != target.shape[dim]:
+        return False
+    flat = target.view(-1)
+    return partition.applies(flat, index) and partition.grouped_scatter(flat, index, source.view(-1)) is not None
+
+
 def scatter_rows(self: torch.Tensor, dim: int, index: torch.Tensor, source: torch.Tensor,
                  out: torch.Tensor | None = None) -> None:
     """Validated ``index_copy`` along ``dim`` (normalised): into ``self`` in place, or into ``out``.
@@ -208,6 +221,8 @@ def scatter_rows(self: torch.Tensor, dim: int, index: torch.Tensor, source: torc
         if out.numel():
             strided_copy(out, self)
         target = out
+    if source.numel() and _grouped(target, dim, index, source):
+        return
     if source.numel() and not index_along_dim(source, target, dim, index, scatter=True):
         raise Decline("layout needs more than 2 outer or 2 inner dimensions")
 
