@@ -103,6 +103,9 @@ REGISTRY: dict[str, EnvVar] = {
         EnvVar("FLAGGEMS_CHECK_INDICES", "bool", False,
                "Validate index arguments with a host synchronisation on GPU "
                "(always done on the CPU interpreter).", parse_bool),
+        EnvVar("FLAGGEMS_GROUPED_SCATTER", "bool", True,
+               "Group a large random 1-D scatter of 2-byte elements by destination region "
+               "before writing it (index_copy; two n-pair workspaces). 0: the plain scatter.", parse_bool),
     )
 }
 

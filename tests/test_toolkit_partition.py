@@ -11,6 +11,7 @@ from flaggems.toolkit import checks
 from flaggems.toolkit import partition as part
 
 DEV = torch.device(flaggems.backend().device_type)
+CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 
 
 @pytest.fixture
@@ -23,6 +24,7 @@ def small(monkeypatch):
     monkeypatch.setattr(part, "MIN_INDICES", 1)
     monkeypatch.setattr(part, "MIN_DEST_BYTES", 1)
     monkeypatch.setattr(part, "_LAUNCHERS", {})
+    monkeypatch.setattr(part, "_ENABLED", True)
     return part
 
 
@@ -116,7 +118,9 @@ def test_two_passes_group_the_pairs_by_region(small):
     assert torch.equal(keys[1][valid][order].long(), index[index >= 0])
 
 
-def test_applies_to_large_two_byte_scatters_only():
+def test_applies_to_large_two_byte_scatters_only(monkeypatch):
+    monkeypatch.delenv("FLAGGEMS_GROUPED_SCATTER", raising=False)
+    monkeypatch.setattr(part, "_ENABLED", None)
     dest = torch.empty(2**28, dtype=torch.float16, device="meta")  # 512 MiB, never allocated
     index = torch.empty(2**22, dtype=torch.int64, device="meta")
     assert part.applies(dest, index)
@@ -125,6 +129,10 @@ def test_applies_to_large_two_byte_scatters_only():
     assert not part.applies(dest, index[: 2**22 - 1])
     assert not part.applies(dest[: 2**27 - 1], index)
     assert not part.applies(torch.empty(2**31, dtype=torch.float16, device="meta"), index)
+    monkeypatch.setenv("FLAGGEMS_GROUPED_SCATTER", "0")
+    part.reset()
+    assert not part.applies(dest, index)
+    part.reset()
 
 
 @pytest.mark.parametrize("inplace", [True, False])
@@ -145,3 +153,27 @@ def test_index_copy_routes_a_large_1d_scatter_through_it(small, monkeypatch, inp
     checks.reset()
     assert calls == [1]
     assert torch.equal(out, expected)
+
+
+@CUDA
+def test_no_host_sync_and_a_cuda_graph_replays_new_indices(small):
+    size, n = 1 << 16, 40000
+    gen = torch.Generator().manual_seed(8)
+    dest = torch.zeros(size, device="cuda", dtype=torch.float16)
+    index = torch.randperm(size, generator=gen)[:n].cuda()
+    source = torch.randn(n, generator=gen).cuda().half()
+    part.grouped_scatter(dest, index, source)  # compiles outside the checks below
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        part.grouped_scatter(dest, index, source)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        state = part.grouped_scatter(dest, index, source)
+    for seed in (9, 10):
+        index.copy_(torch.randperm(size, generator=torch.Generator().manual_seed(seed))[:n])
+        dest.zero_()
+        graph.replay()
+        assert int(state[0]) == 1
+        assert torch.equal(dest, reference(torch.zeros_like(dest), index, source))

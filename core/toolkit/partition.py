@@ -46,6 +46,7 @@ import torch
 import triton
 import triton.language as tl
 
+from .. import config
 from .launch import FastLauncher
 from .layout import cdiv
 
@@ -195,16 +196,34 @@ def region_shift(size: int) -> int:
     return max(0, (cdiv(size, DIGITS * DIGITS) - 1).bit_length())
 
 
+_ENABLED: bool | None = None
+
+
+def enabled() -> bool:
+    """``FLAGGEMS_GROUPED_SCATTER`` (read once; :func:`reset` re-reads)."""
+    global _ENABLED
+    if _ENABLED is None:
+        _ENABLED = bool(config.get("FLAGGEMS_GROUPED_SCATTER"))
+    return _ENABLED
+
+
+def reset() -> None:
+    """Forget the cached setting (after changing ``FLAGGEMS_GROUPED_SCATTER``)."""
+    global _ENABLED
+    _ENABLED = None
+
+
 def applies(dest: torch.Tensor, index: torch.Tensor) -> bool:
     """Whether :func:`grouped_scatter` takes this scatter.
 
-    Large enough (see ``MIN_DEST_BYTES``), int32 keys and slots suffice, and
-    2-byte elements: the 64 regions of a 4-byte [2^30] destination are 64 MiB,
-    more than the L2 cache holds (run 11: fp32 took 48 against torch's 35 ms).
+    Large enough (see ``MIN_DEST_BYTES``), int32 keys and slots suffice,
+    2-byte elements (the 64 regions of a 4-byte [2^30] destination are 64 MiB,
+    more than the L2 cache holds; run 11: fp32 took 44.5 against torch's
+    35.0 ms), and ``FLAGGEMS_GROUPED_SCATTER`` not turned off.
     """
     n, size = index.numel(), dest.numel()
     return (dest.element_size() == 2 and MIN_INDICES <= n < INT32_LIMIT and size < INT32_LIMIT
-            and size * dest.stride(0) * 2 >= MIN_DEST_BYTES)
+            and size * dest.stride(0) * 2 >= MIN_DEST_BYTES and enabled())
 
 
 def _partition(index: torch.Tensor, source: torch.Tensor, state: torch.Tensor, size: int, shift: int,
