@@ -17,14 +17,10 @@ CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @pytest.fixture
 def small(monkeypatch):
     """64-pair blocks, 3 programs looping over them, 16-element probe windows, no size threshold."""
-    monkeypatch.setattr(part, "BLOCK", 64)
-    monkeypatch.setattr(part, "PROGRAMS", 3)
-    monkeypatch.setattr(part, "WINDOW", 16)
-    monkeypatch.setattr(part, "SCATTER_BLOCK", 32)
-    monkeypatch.setattr(part, "MIN_INDICES", 1)
-    monkeypatch.setattr(part, "MIN_DEST_BYTES", 1)
-    monkeypatch.setattr(part, "_LAUNCHERS", {})
-    monkeypatch.setattr(part, "_ENABLED", True)
+    settings = {"BLOCK": 64, "PROGRAMS": 3, "WINDOW": 16, "SCATTER_BLOCK": 32, "MIN_INDICES": 1,
+                "MIN_DEST_BYTES": 1, "_LAUNCHERS": {}, "_ENABLED": True}
+    for name, value in settings.items():
+        monkeypatch.setattr(part, name, value)
     return part
 
 
