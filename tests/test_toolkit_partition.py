@@ -43,7 +43,7 @@ def make_index(kind: str, size: int, n: int, gen: torch.Generator) -> torch.Tens
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
 @pytest.mark.parametrize(("kind", "grouped"), [("random", 1), ("sorted", 0), ("interleaved", 0)])
-@pytest.mark.parametrize(("size", "n"), [(4096, 3000), (1000, 999), (777, 5)])
+@pytest.mark.parametrize(("size", "n"), [(4096, 3000), (1000, 999), (777, 5), (2048, 1024)])
 def test_exact_and_the_probe_chooses(small, dtype, kind, grouped, size, n):
     gen = torch.Generator().manual_seed(size + n)
     index = make_index(kind, size, n, gen)

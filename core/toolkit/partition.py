@@ -55,6 +55,7 @@ from .layout import cdiv
 #: warps 19.4, 512 with 4 warps 14.3 (with 2 warps 15.3, with 1 14.4), 256 with 1 warp 15.0.
 BLOCK = 512
 PARTITION_WARPS = 4
+PARTITION_STAGES = 2
 #: Digit values per pass (two passes: DIGITS**2 regions).
 DIGITS = 8
 #: Slots a scatter program writes; small, so the stores in flight stay within about one region.
@@ -185,7 +186,8 @@ def _launcher(name: str) -> FastLauncher:
         kernel, constexprs, warps = {
             "probe": (_probe_kernel, {"WINDOWS": WINDOWS, "WINDOW": WINDOW, "REGIONS": DIGITS * DIGITS}, 4),
             "count": (_count_kernel, {"BINS": DIGITS, "BLOCK": BLOCK}, 8),
-            "partition": (_partition_kernel, {"BINS": DIGITS, "BLOCK": BLOCK, "STAGES": 2}, PARTITION_WARPS),
+            "partition": (_partition_kernel, {"BINS": DIGITS, "BLOCK": BLOCK, "STAGES": PARTITION_STAGES},
+                          PARTITION_WARPS),
             "scatter": (_scatter_kernel, {"BLOCK": SCATTER_BLOCK}, 4),
         }[name]
         launcher = _LAUNCHERS[name] = FastLauncher(kernel, constexprs, num_warps=warps)
