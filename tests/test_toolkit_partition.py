@@ -125,6 +125,14 @@ def test_applies_to_large_two_byte_scatters_only(monkeypatch):
     assert not part.applies(dest, index[: 2**22 - 1])
     assert not part.applies(dest[: 2**27 - 1], index)
     assert not part.applies(torch.empty(2**31, dtype=torch.float16, device="meta"), index)
+    monkeypatch.setattr(part, "l2_bytes", lambda device: 60 << 20)  # an H200's: 32 MiB regions fit
+    assert part.applies(torch.empty(2**30, dtype=torch.float16, device="meta"), index)
+    monkeypatch.setattr(part, "l2_bytes", lambda device: 40 << 20)  # an A100's: they do not
+    assert not part.applies(torch.empty(2**30, dtype=torch.float16, device="meta"), index)
+    assert part.applies(torch.empty(2**29, dtype=torch.float16, device="meta"), index)  # 16 MiB regions
+    monkeypatch.setattr(part, "l2_bytes", lambda device: 0)  # torch does not say: never grouped
+    assert not part.applies(dest, index)
+    monkeypatch.setattr(part, "l2_bytes", lambda device: None)
     monkeypatch.setenv("FLAGGEMS_GROUPED_SCATTER", "0")
     part.reset()
     assert not part.applies(dest, index)
@@ -173,3 +181,9 @@ def test_no_host_sync_and_a_cuda_graph_replays_new_indices(small):
         graph.replay()
         assert int(state[0]) == 1
         assert torch.equal(dest, reference(torch.zeros_like(dest), index, source))
+
+
+@CUDA
+def test_the_l2_size_is_read_from_the_device():
+    size = part.l2_bytes(torch.device("cuda"))
+    assert size == torch.cuda.get_device_properties(torch.cuda.current_device()).L2_cache_size > 0
