@@ -195,8 +195,8 @@ def _grouped(target: torch.Tensor, dim: int, index: torch.Tensor, source: torch.
     case). Returns False (nothing done) for any other workload, or when its
     workspace cannot be allocated.
     """
-    if target.numel() != target.shape[dim]:
-        return False
+    if index.numel() < partition.MIN_INDICES or target.numel() != target.shape[dim]:
+        return False  # the one test most calls pay: no view made
     flat = target.view(-1)
     return partition.applies(flat, index) and partition.grouped_scatter(flat, index, source.view(-1)) is not None
 
