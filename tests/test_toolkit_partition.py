@@ -105,7 +105,7 @@ def test_two_passes_group_the_pairs_by_region(small):
     keys = [torch.empty(n, dtype=torch.int32, device=DEV) for _ in range(2)]
     values = [torch.empty(n, device=DEV) for _ in range(2)]
     part._partition(index, source, state, size, shift, counts, keys[0], values[0])
-    part._partition(keys[0], values[0], state, size, shift + 3, counts, keys[1], values[1])
+    part._partition(keys[0], values[0], state, size, shift + part.DIGIT_BITS, counts, keys[1], values[1])
     valid = keys[1] >= 0
     regions = keys[1][valid].long() >> shift
     assert bool((regions[1:] >= regions[:-1]).all())

@@ -42,6 +42,8 @@ keys and ``n`` values (6 GiB for the fp16 ``2**29`` case).
 # ruff: noqa: N803 - constexpr parameters are UPPER_CASE, as in every Triton kernel
 from __future__ import annotations
 
+import functools
+
 import torch
 import triton
 import triton.language as tl
@@ -57,7 +59,8 @@ BLOCK = 512
 PARTITION_WARPS = 4
 PARTITION_STAGES = 2
 #: Digit values per pass (two passes: DIGITS**2 regions).
-DIGITS = 8
+DIGIT_BITS = 3
+DIGITS = 1 << DIGIT_BITS
 #: Slots a scatter program writes; small, so the stores in flight stay within about one region.
 SCATTER_BLOCK = 1024
 #: Programs of the count and partition launches, which loop over blocks: an index the probe calls
@@ -175,9 +178,7 @@ def _scatter_kernel(state, keys, values, index, source, dest, n, index_stride, s
         valid = k >= 0
         tl.store(dest + k.to(tl.int64) * dest_stride, tl.load(values + j, mask=valid), mask=valid)
     else:
-        live = j < n
-        d = tl.load(index + j * index_stride, mask=live, other=-1)
-        valid = live & (d >= 0) & (d < size)
+        d, _, valid, _ = _digits(index, j, n, index_stride, size, 0, 1)
         tl.store(dest + d * dest_stride, tl.load(source + j * source_stride, mask=valid), mask=valid)
 
 
@@ -220,18 +221,16 @@ def reset() -> None:
     _ENABLED = None
 
 
-_L2_BYTES: dict[int, int] = {}
-
-
 def l2_bytes(device: torch.device) -> int | None:
     """The L2 cache size of a CUDA (or HIP) device, 0 when torch does not say; None for other devices."""
     if device.type != "cuda":
         return None
-    index = torch.cuda.current_device() if device.index is None else device.index
-    size = _L2_BYTES.get(index)
-    if size is None:
-        size = _L2_BYTES[index] = int(getattr(torch.cuda.get_device_properties(index), "L2_cache_size", 0))
-    return size
+    return _cuda_l2_bytes(torch.cuda.current_device() if device.index is None else device.index)
+
+
+@functools.lru_cache(maxsize=64)
+def _cuda_l2_bytes(index: int) -> int:
+    return int(getattr(torch.cuda.get_device_properties(index), "L2_cache_size", 0))
 
 
 def applies(dest: torch.Tensor, index: torch.Tensor) -> bool:
@@ -283,7 +282,7 @@ def grouped_scatter(dest: torch.Tensor, index: torch.Tensor, source: torch.Tenso
     regions = min(DIGITS * DIGITS, cdiv(size, 1 << shift), WINDOW)
     _launcher("probe")((1,), index, state, n, index.stride(0), size, shift, WINDOWS * regions // SPREAD_SHARE)
     _partition(index, source, state, size, shift, counts, keys[0], values[0])
-    _partition(keys[0], values[0], state, size, shift + DIGITS.bit_length() - 1, counts, keys[1], values[1])
+    _partition(keys[0], values[0], state, size, shift + DIGIT_BITS, counts, keys[1], values[1])
     _launcher("scatter")((cdiv(n, SCATTER_BLOCK),), state, keys[1], values[1], index, source, dest, n,
                          index.stride(0), source.stride(0), dest.stride(0), size)
     return state
