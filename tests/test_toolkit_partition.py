@@ -41,19 +41,53 @@ def make_index(kind: str, size: int, n: int, gen: torch.Generator) -> torch.Tens
     return torch.stack([torch.arange(n // 2), torch.arange(n // 2) + size // 2], 1).reshape(-1).to(DEV)
 
 
+@pytest.mark.parametrize("bits", [3, 4])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
 @pytest.mark.parametrize(("kind", "grouped"), [("random", 1), ("sorted", 0), ("interleaved", 0)])
 @pytest.mark.parametrize(("size", "n"), [(4096, 3000), (1000, 999), (777, 5), (2048, 1024)])
-def test_exact_and_the_probe_chooses(small, dtype, kind, grouped, size, n):
+def test_exact_and_the_probe_chooses(small, bits, dtype, kind, grouped, size, n):
+    """Sizes with a partial last block and with only full ones (1024 pairs: 16 blocks of 64)."""
     gen = torch.Generator().manual_seed(size + n)
     index = make_index(kind, size, n, gen)
     dest = torch.randn(size, generator=gen).to(DEV, dtype)
     source = torch.randn(index.numel(), generator=gen).to(DEV, dtype)
     expected = reference(dest, index, source)
-    state = part.grouped_scatter(dest, index, source)
+    state = part.grouped_scatter(dest, index, source, bits)
     assert torch.equal(dest, expected)
-    if n >= 64:  # a handful of indices touch few regions whatever their order
+    # A handful of indices touch few regions whatever their order; regions smaller than a window
+    # (4 elements at 4 bits for 1000) make even a local index touch many.
+    if n >= 64 and (grouped or 1 << part.region_shift(size, bits) >= part.WINDOW):
         assert int(state[0]) == grouped
+
+
+@pytest.mark.parametrize("dtype", [torch.uint8, torch.int8, torch.bool, torch.int16, torch.int32])
+@pytest.mark.parametrize(("size", "n"), [(4096, 3000), (2048, 1024)])
+def test_exact_for_integer_and_bool_elements(small, dtype, size, n):
+    gen = torch.Generator().manual_seed(size + n)
+    index = make_index("random", size, n, gen)
+    dest = torch.randint(0, 2 if dtype == torch.bool else 100, (size,), generator=gen).to(DEV, dtype)
+    source = torch.randint(0, 2 if dtype == torch.bool else 100, (n,), generator=gen).to(DEV, dtype)
+    expected = reference(dest, index, source)
+    assert int(part.grouped_scatter(dest, index, source)[0]) == 1
+    assert torch.equal(dest, expected)
+
+
+@pytest.mark.parametrize("digit", [1, 6, 7])
+def test_a_block_of_one_digit_ranks_without_carries(small, digit):
+    """Every pair of every block in one digit: the 16-bit field's counts run to BLOCK - 1."""
+    size, bits, blocks = 4096, 3, 3
+    shift = part.region_shift(size, bits)
+    n = blocks * part.BLOCK
+    gen = torch.Generator().manual_seed(digit)
+    index = ((torch.randint(0, 8, (n,), generator=gen) << (shift + bits)) + (digit << shift)
+             + torch.randint(0, 1 << shift, (n,), generator=gen)).to(DEV)
+    source = torch.arange(float(n), device=DEV)
+    keys, values = torch.empty(n, dtype=torch.int32, device=DEV), torch.empty(n, device=DEV)
+    counts = torch.empty(8 * blocks + 1, dtype=torch.int32, device=DEV)
+    state = torch.ones(1, dtype=torch.int32, device=DEV)
+    part._partition(index, source, state, size, bits, shift, counts, keys, values)
+    assert torch.equal(values, source)  # one digit: the pass keeps the order
+    assert torch.equal(keys.long(), index)
 
 
 def test_out_of_range_indices_are_not_written(small):
@@ -93,19 +127,20 @@ def test_strided_dest_index_and_source(small):
     assert torch.equal(base, expected_base)  # the elements between dest's never change
 
 
-def test_two_passes_group_the_pairs_by_region(small):
+@pytest.mark.parametrize("bits", [3, 4])
+def test_two_passes_group_the_pairs_by_region(small, bits):
     """After both passes the keys' regions never decrease, and every valid pair is there once."""
     size, n = 4096, 3000
     index = torch.randperm(size, generator=torch.Generator().manual_seed(6))[:n].to(DEV)
     index[::97] = -5
     source = torch.arange(float(n), device=DEV)
-    shift = part.region_shift(size)
+    shift = part.region_shift(size, bits)
     state = torch.ones(1, dtype=torch.int32, device=DEV)
-    counts = torch.empty(part.DIGITS * -(-n // part.BLOCK) + 1, dtype=torch.int32, device=DEV)
+    counts = torch.empty((1 << bits) * -(-n // part.BLOCK) + 1, dtype=torch.int32, device=DEV)
     keys = [torch.empty(n, dtype=torch.int32, device=DEV) for _ in range(2)]
     values = [torch.empty(n, device=DEV) for _ in range(2)]
-    part._partition(index, source, state, size, shift, counts, keys[0], values[0])
-    part._partition(keys[0], values[0], state, size, shift + part.DIGIT_BITS, counts, keys[1], values[1])
+    part._partition(index, source, state, size, bits, shift, counts, keys[0], values[0])
+    part._partition(keys[0], values[0], state, size, bits, shift + bits, counts, keys[1], values[1])
     valid = keys[1] >= 0
     regions = keys[1][valid].long() >> shift
     assert bool((regions[1:] >= regions[:-1]).all())
@@ -114,29 +149,49 @@ def test_two_passes_group_the_pairs_by_region(small):
     assert torch.equal(keys[1][valid][order].long(), index[index >= 0])
 
 
-def test_applies_to_large_two_byte_scatters_only(monkeypatch):
+def meta(size: int, dtype: torch.dtype = torch.float16) -> torch.Tensor:
+    return torch.empty(size, dtype=dtype, device="meta")  # never allocated
+
+
+def test_applies_where_sectors_take_several_stores(monkeypatch):
     monkeypatch.delenv("FLAGGEMS_GROUPED_SCATTER", raising=False)
     monkeypatch.setattr(part, "_ENABLED", None)
-    dest = torch.empty(2**28, dtype=torch.float16, device="meta")  # 512 MiB, never allocated
-    index = torch.empty(2**22, dtype=torch.int64, device="meta")
-    assert part.applies(dest, index)
-    assert part.applies(torch.empty(2**27, dtype=torch.bfloat16, device="meta"), index)
-    assert not part.applies(torch.empty(2**28, device="meta"), index)  # 4-byte elements
-    assert not part.applies(dest, index[: 2**22 - 1])
-    assert not part.applies(dest[: 2**27 - 1], index)
-    assert not part.applies(torch.empty(2**31, dtype=torch.float16, device="meta"), index)
-    monkeypatch.setattr(part, "l2_bytes", lambda device: 60 << 20)  # an H200's: 32 MiB regions fit
-    assert part.applies(torch.empty(2**30, dtype=torch.float16, device="meta"), index)
-    monkeypatch.setattr(part, "l2_bytes", lambda device: 40 << 20)  # an A100's: they do not
-    assert not part.applies(torch.empty(2**30, dtype=torch.float16, device="meta"), index)
-    assert part.applies(torch.empty(2**29, dtype=torch.float16, device="meta"), index)  # 16 MiB regions
+    monkeypatch.setattr(part, "l2_bytes", lambda device: 60 << 20)  # an H200's
+    index = meta(2**29, torch.int64)
+    for dtype in (torch.uint8, torch.float16, torch.bfloat16, torch.float32, torch.int32):
+        assert part.applies(meta(2**30, dtype), index)  # the seed case: 16, 8 or 4 stores a sector
+    assert not part.applies(meta(2**30, torch.float64), index)  # 2 a sector (and 8-byte elements)
+    assert not part.applies(meta(2**28, torch.int64), index)  # 8-byte elements
+    assert part.applies(meta(2**25), index[: 2**23])  # 64 MiB, 4 stores a sector
+    assert not part.applies(meta(2**25), index[: 2**23 - 1])
+    assert not part.applies(meta(2**25 - 1), index[: 2**23])  # below 64 MiB
+    assert not part.applies(meta(2**28), index[: 2**22])  # a quarter store a sector
+    assert part.applies(meta(2**26, torch.float32)[::2], index[: 2**25])  # the span counts: 4 a sector
+    assert not part.applies(meta(2**26, torch.float32)[::2], index[: 2**24])  # 2 a sector
+    assert not part.applies(meta(2**31), meta(2**31, torch.int64))  # beyond int32 keys
     monkeypatch.setattr(part, "l2_bytes", lambda device: 0)  # torch does not say: never grouped
-    assert not part.applies(dest, index)
+    assert not part.applies(meta(2**30), index)
     monkeypatch.setattr(part, "l2_bytes", lambda device: None)
     monkeypatch.setenv("FLAGGEMS_GROUPED_SCATTER", "0")
     part.reset()
-    assert not part.applies(dest, index)
+    assert not part.applies(meta(2**30), index)
     part.reset()
+
+
+def test_digit_bits_are_the_fewest_whose_regions_fit_the_l2_cache(monkeypatch):
+    monkeypatch.setattr(part, "l2_bytes", lambda device: 60 << 20)  # an H200's: 40 MB for a region
+    assert part.digit_bits(meta(2**30)) == 3  # 32 MiB regions
+    assert part.digit_bits(meta(2**30, torch.float32)) == 4  # 64 MiB at 3 bits; 16 MiB at 4
+    assert part.digit_bits(meta(2**31, torch.float32)) == 4  # 32 MiB
+    assert part.digit_bits(meta(2**30, torch.float32)[::4]) == 4  # the span counts: 16 MiB
+    assert part.digit_bits(meta(2**32, torch.float32)) is None  # 64 MiB even at 4 bits
+    monkeypatch.setattr(part, "l2_bytes", lambda device: 40 << 20)  # an A100's: 26.7 MB
+    assert part.digit_bits(meta(2**30)) == 4  # 8 MiB
+    assert part.digit_bits(meta(2**29)) == 3  # 16 MiB
+    monkeypatch.setattr(part, "l2_bytes", lambda device: 0)
+    assert part.digit_bits(meta(2**20)) is None
+    monkeypatch.setattr(part, "l2_bytes", lambda device: None)  # no L2 size to respect
+    assert part.digit_bits(meta(2**31, torch.float32)) == 3
 
 
 @pytest.mark.parametrize("inplace", [True, False])
@@ -156,6 +211,23 @@ def test_index_copy_routes_a_large_1d_scatter_through_it(small, monkeypatch, inp
         out = dest.index_copy_(1, index, source) if inplace else torch.index_copy(dest, 1, index, source)
     checks.reset()
     assert calls == [1]
+    assert torch.equal(out, expected)
+
+
+def test_index_copy_leaves_a_sparse_scatter_to_the_plain_kernel(small, monkeypatch):
+    """Under ``MIN_SECTOR_STORES`` stores a sector, grouping costs more than it merges."""
+    monkeypatch.setattr(checks, "_ENABLED", False)
+    monkeypatch.setattr(part, "grouped_scatter", lambda *a: pytest.fail("grouped a sparse scatter"))
+    size, n = 3000, 300  # 1.6 stores a sector
+    gen = torch.Generator().manual_seed(11)
+    dest = torch.randn(size, generator=gen).to(DEV, torch.float16)
+    index = torch.randperm(size, generator=gen)[:n].to(DEV)
+    source = torch.randn(n, generator=gen).to(DEV, torch.float16)
+    with native_scope():
+        expected = dest.index_copy(0, index, source)
+    with flaggems.enabled():
+        out = torch.index_copy(dest, 0, index, source)
+    checks.reset()
     assert torch.equal(out, expected)
 
 

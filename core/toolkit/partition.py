@@ -6,19 +6,23 @@ cache before their neighbours arrive, so each store costs DRAM traffic; torch
 and the plain scatter both take 34 ms on an H200 (fp16). The same pairs
 grouped by destination region (random inside each region) take 9.1-12.0 ms
 for 2-32 MiB regions: a region fits in the L2 cache, which merges the partial
-sectors before writing them back (benchmarks/RESULTS.md, runs 7 and 11).
+sectors before writing them back (benchmarks/RESULTS.md, runs 7 and 11). So
+grouping pays where each sector takes several stores (``MIN_SECTOR_STORES``):
+run 12, [2^30] random half, 21.1 against 34.6 ms (fp16), 28.6 against 35.0
+(fp32).
 
-:func:`grouped_scatter` groups the pairs into ``DIGITS ** 2`` regions on the
-device, as a two-pass least-significant-digit radix partition, then scatters:
+:func:`grouped_scatter` groups the pairs into ``4 ** bits`` regions on the
+device (``bits`` from ``DIGIT_BITS``: the fewest whose regions fit the L2
+cache), as a two-pass least-significant-digit radix partition, then scatters:
 
 1. **probe** (one program): samples ``WINDOWS`` windows of the index and
    counts the regions each touches. A sorted or local index touches few, and
    the plain scatter already writes it in order: the flag it writes says so,
    and the partition launches do nothing.
-2. **two passes, each: count, then partition** by one base-``DIGITS`` digit
-   of the region (the low digit first; the second pass keeps the first's
-   order within a digit, so the result is grouped by the whole region). The
-   count stores, per block of ``BLOCK`` pairs, how many have each digit;
+2. **two passes, each: count, then partition** by one ``bits``-wide digit of
+   the region (the low digit first; the second pass keeps the first's order
+   within a digit, so the result is grouped by the whole region). The count
+   stores, per block of ``BLOCK`` pairs, how many have each digit;
    ``torch.cumsum`` turns the counts into each (digit, block)'s first slot.
    The partition ranks each pair among the block's pairs with its digit and
    writes (index as int32, value) there. The rank is an exclusive prefix
@@ -27,6 +31,9 @@ device, as a two-pass least-significant-digit radix partition, then scatters:
    stores in flight fall in one or two regions): writes ``dest`` from the
    grouped pairs, or, where the probe said "local", straight from
    ``index``/``source``.
+
+Full blocks load without masks, which lets the loads vectorise (run 12: both
+passes 13.9 -> 9.8 ms, fp16 [2^30]; a sorted index's scatter 2.09 -> 1.55 ms).
 
 Why two passes of few digits rather than one of 64 regions (run 11, fp16
 [2^30]): one pass ranks 64 regions for 9 ms of compute beyond its 2.5 ms of
@@ -53,14 +60,19 @@ from .launch import FastLauncher
 from .layout import cdiv
 
 #: Pairs a program counts and partitions at once; exclusive counts below 2**16 fit 16-bit fields.
-#: Run 11 (fp16 [2^30], both partition passes): 2048 pairs with 8 warps 34.8 ms, 1024 with 8
-#: warps 19.4, 512 with 4 warps 14.3 (with 2 warps 15.3, with 1 14.4), 256 with 1 warp 15.0.
+#: Run 12 ([2^30], both passes with their counts; fp16 3 bits / fp32 4 bits, ms): 512 pairs with
+#: 4 warps 9.8 / 13.5, with 2 warps 9.4 / 13.8, with 8 warps 13.1 / 19.9; 1024 with 4 warps
+#: 9.9 / 16.1, with 8 11.5 / 17.1; 2048 with 8 12.0 / 19.6. 256 pairs with 8-bit rank fields
+#: (fp16): 14.2-15.9.
 BLOCK = 512
 PARTITION_WARPS = 4
+#: Pipeline stages of the partition's block loop (run 11, masked loads: 15.9 -> 11.6 ms with two;
+#: run 12, unmasked: one or two, 9.8 ms).
 PARTITION_STAGES = 2
-#: Digit values per pass (two passes: DIGITS**2 regions).
-DIGIT_BITS = 3
-DIGITS = 1 << DIGIT_BITS
+#: Bits of the region a pass sorts by (two passes: ``4 ** bits`` regions): the fewest whose regions
+#: fit the L2 cache (``L2_SHARE``). More bits cost partition time (run 12, [2^30] fp16: both
+#: passes 9.8 ms with 3 bits, 15.0 with 4).
+DIGIT_BITS = (3, 4)
 #: Slots a scatter program writes; small, so the stores in flight stay within about one region.
 SCATTER_BLOCK = 1024
 #: Programs of the count and partition launches, which loop over blocks: an index the probe calls
@@ -73,13 +85,22 @@ WINDOW = 256
 #: The index is grouped when its windows touch, on average, more than 1/SPREAD_SHARE of the
 #: regions (a random index touches nearly all of them; a sorted one, one or two).
 SPREAD_SHARE = 4
-#: The plan is used from these sizes on. Only the 2 GiB destination of the seed case was
-#: measured (run 11); 256 MiB (five L2 caches of an H200) and 4M indices are a chosen lower
-#: bound, not a measured break-even.
-MIN_DEST_BYTES = 256 << 20
-MIN_INDICES = 1 << 22
+#: Grouping pays where each 32-byte sector of ``dest`` takes several stores, which the L2 cache
+#: merges (run 12, H200, random index against torch; stores a sector: speedup):
+#: [2^25] fp16 (64 MiB) 2: 0.74x, 4: 1.01x, 8: 1.27x; [2^24] fp32 2: 0.78x, 4: 1.07x;
+#: [2^26] uint8 2: 0.74x, 16: 1.39x; [2^28] fp16 0.25: 0.69x; [2^30] fp32 4: 1.22x, fp16 8: 1.64x,
+#: uint8 16: 1.87x, fp64 2: 0.87x. A destination the L2 cache holds gains nothing: [2^24] fp16
+#: (32 MiB) 4: 0.54x, 8: 0.56x.
+SECTOR_BYTES = 32
+MIN_SECTOR_STORES = 4
+MIN_DEST_BYTES = 64 << 20
+#: Implied by the two above (a cheap first test for callers).
+MIN_INDICES = MIN_DEST_BYTES // SECTOR_BYTES * MIN_SECTOR_STORES
 #: Keys, counts and slots are int32.
 INT32_LIMIT = 2**31 - (1 << 24)
+#: Element sizes grouped: those measured faster (run 12). 8-byte elements were measured only at
+#: two stores a sector (0.87x).
+ELEMENT_SIZES = (1, 2, 4)
 #: A region must fit in this share of the device's L2 cache, where merging its partial sectors
 #: is what grouping buys (run 11, H200 with a 60 MB L2: 32 MiB regions scatter in 11.3 ms; run 7:
 #: 128 MiB regions 30.6 against 34.7 ungrouped). GPUs with a smaller L2 keep the plain scatter.
@@ -101,10 +122,18 @@ def _probe_kernel(index, state, n, index_stride, size, shift, min_spread,
 
 
 @triton.jit
-def _digits(index, j, n, index_stride, size, shift, BINS: tl.constexpr):
-    """Each ``index[j]``, its digit ``(index >> shift) % BINS`` (0 where invalid), in range, below ``n``."""
-    live = j < n
-    d = tl.load(index + j * index_stride, mask=live, other=-1)
+def _digits(index, j, n, index_stride, size, shift, BINS: tl.constexpr, FULL: tl.constexpr = False):
+    """Each ``index[j]``, its digit ``(index >> shift) % BINS`` (0 where invalid), in range, below ``n``.
+
+    ``FULL``: every ``j`` is below ``n``, and the load is unmasked (a mask by a
+    runtime length keeps loads scalar; unmasked ones vectorise).
+    """
+    if FULL:
+        live = tl.full(j.shape, 1, tl.int1)
+        d = tl.load(index + j * index_stride)
+    else:
+        live = j < n
+        d = tl.load(index + j * index_stride, mask=live, other=-1)
     valid = live & (d >= 0) & (d < size)
     return d, tl.where(valid, (d >> shift) & (BINS - 1), 0).to(tl.int32), valid, live
 
@@ -119,33 +148,63 @@ def _histogram(digit, counted, BINS: tl.constexpr):
 @triton.jit(do_not_specialize=("n", "size", "shift", "blocks"))
 def _count_kernel(index, state, counts, n, index_stride, size, shift, blocks,
                   BINS: tl.constexpr, BLOCK: tl.constexpr):
-    """``counts[1 + g * blocks + b]``: block ``b``'s pairs (out-of-range ones as digit 0) with digit ``g``."""
+    """``counts[1 + g * blocks + b]``: block ``b``'s pairs (out-of-range ones as digit 0) with digit ``g``.
+
+    The programs loop over the full blocks; program 0 also counts the partial
+    last one and writes ``counts[0] = 0``.
+    """
     if tl.load(state) != 0:
         pid = tl.program_id(0)
         lanes = tl.arange(0, BLOCK).to(tl.int64)  # int64 offsets: j * index_stride may pass 2**31
         by_digit = tl.arange(0, BINS) * blocks
-        for block in range(pid, blocks, tl.num_programs(0)):
-            _, digit, _, live = _digits(index, block * BLOCK + lanes, n, index_stride, size, shift, BINS)
-            tl.store(counts + 1 + by_digit + block, _histogram(digit, live, BINS))
+        for block in range(pid, n // BLOCK, tl.num_programs(0)):
+            _count_block(index, counts, block, n, index_stride, size, shift, lanes, by_digit, BINS, BLOCK, True)
         if pid == 0:
             tl.store(counts, 0)
+            if n % BLOCK != 0:
+                _count_block(index, counts, n // BLOCK, n, index_stride, size, shift, lanes, by_digit, BINS, BLOCK,
+                             False)
+
+
+@triton.jit
+def _count_block(index, counts, block, n, index_stride, size, shift, lanes, by_digit, BINS: tl.constexpr,
+                 BLOCK: tl.constexpr, FULL: tl.constexpr):
+    _, digit, _, live = _digits(index, block * BLOCK + lanes, n, index_stride, size, shift, BINS, FULL)
+    tl.store(counts + 1 + by_digit + block, _histogram(digit, live, BINS))
 
 
 @triton.jit(do_not_specialize=("n", "size", "shift", "blocks"))
 def _partition_kernel(index, source, state, slots, keys, values, n, index_stride, source_stride, size, shift,
                       blocks, BINS: tl.constexpr, BLOCK: tl.constexpr, STAGES: tl.constexpr):
-    """Writes block ``b``'s pairs with digit ``g`` from ``slots[g * blocks + b]`` on, in order (key -1: invalid)."""
+    """Writes block ``b``'s pairs with digit ``g`` from ``slots[g * blocks + b]`` on, in order (key -1: invalid).
+
+    The programs loop over the full blocks; program 0 also takes the partial last one.
+    """
     if tl.load(state) != 0:
+        pid = tl.program_id(0)
         lanes = tl.arange(0, BLOCK).to(tl.int64)
         by_digit = tl.arange(0, BINS) * blocks
-        # Two stages let the next block's loads start while this one is ranked (run 11: both passes
-        # 15.9 -> 11.6 ms; three stages, 11.8).
-        for block in tl.range(tl.program_id(0), blocks, tl.num_programs(0), num_stages=STAGES):
-            j = block * BLOCK + lanes
-            d, digit, valid, live = _digits(index, j, n, index_stride, size, shift, BINS)
-            slot = tl.gather(tl.load(slots + by_digit + block), digit, 0) + _rank_in_digit(digit, live, BINS)
-            tl.store(keys + slot, tl.where(valid, d, -1).to(tl.int32), mask=live)
-            tl.store(values + slot, tl.load(source + j * source_stride, mask=live), mask=live)
+        for block in tl.range(pid, n // BLOCK, tl.num_programs(0), num_stages=STAGES):
+            _partition_block(index, source, slots, keys, values, block, n, index_stride, source_stride, size, shift,
+                             lanes, by_digit, BINS, BLOCK, True)
+        if (pid == 0) & (n % BLOCK != 0):
+            _partition_block(index, source, slots, keys, values, n // BLOCK, n, index_stride, source_stride, size,
+                             shift, lanes, by_digit, BINS, BLOCK, False)
+
+
+@triton.jit
+def _partition_block(index, source, slots, keys, values, block, n, index_stride, source_stride, size, shift, lanes,
+                     by_digit, BINS: tl.constexpr, BLOCK: tl.constexpr, FULL: tl.constexpr):
+    j = block * BLOCK + lanes
+    d, digit, valid, live = _digits(index, j, n, index_stride, size, shift, BINS, FULL)
+    slot = tl.gather(tl.load(slots + by_digit + block), digit, 0) + _rank_in_digit(digit, live, BINS)
+    key = tl.where(valid, d, -1).to(tl.int32)
+    if FULL:
+        tl.store(keys + slot, key)
+        tl.store(values + slot, tl.load(source + j * source_stride))
+    else:
+        tl.store(keys + slot, key, mask=live)
+        tl.store(values + slot, tl.load(source + j * source_stride, mask=live), mask=live)
 
 
 @triton.jit
@@ -172,36 +231,58 @@ def _rank_in_digit(digit, live, BINS: tl.constexpr):
 def _scatter_kernel(state, keys, values, index, source, dest, n, index_stride, source_stride, dest_stride, size,
                     BLOCK: tl.constexpr):
     """``dest[k] = v`` for the grouped pairs (key -1: skipped), or straight from ``index`` and ``source``."""
-    j = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-    if tl.load(state) != 0:
-        k = tl.load(keys + j, mask=j < n, other=-1)
-        valid = k >= 0
-        tl.store(dest + k.to(tl.int64) * dest_stride, tl.load(values + j, mask=valid), mask=valid)
+    pid = tl.program_id(0).to(tl.int64)
+    j = pid * BLOCK + tl.arange(0, BLOCK)
+    grouped = tl.load(state) != 0
+    if (pid + 1) * BLOCK <= n:
+        _scatter_block(grouped, keys, values, index, source, dest, j, n, index_stride, source_stride, dest_stride,
+                       size, True)
     else:
-        d, _, valid, _ = _digits(index, j, n, index_stride, size, 0, 1)
-        tl.store(dest + d * dest_stride, tl.load(source + j * source_stride, mask=valid), mask=valid)
+        _scatter_block(grouped, keys, values, index, source, dest, j, n, index_stride, source_stride, dest_stride,
+                       size, False)
 
 
-_LAUNCHERS: dict[str, FastLauncher] = {}
+@triton.jit
+def _scatter_block(grouped, keys, values, index, source, dest, j, n, index_stride, source_stride, dest_stride, size,
+                   FULL: tl.constexpr):
+    if grouped:
+        if FULL:
+            k = tl.load(keys + j)
+            v = tl.load(values + j)
+        else:
+            k = tl.load(keys + j, mask=j < n, other=-1)
+            v = tl.load(values + j, mask=j < n)
+        tl.store(dest + k.to(tl.int64) * dest_stride, v, mask=k >= 0)
+    else:
+        d, _, valid, _ = _digits(index, j, n, index_stride, size, 0, 1, FULL)
+        if FULL:
+            v = tl.load(source + j * source_stride)
+        else:
+            v = tl.load(source + j * source_stride, mask=j < n)
+        tl.store(dest + d * dest_stride, v, mask=valid)
 
 
-def _launcher(name: str) -> FastLauncher:
-    launcher = _LAUNCHERS.get(name)
+_LAUNCHERS: dict[tuple[str, int], FastLauncher] = {}
+
+
+def _launcher(name: str, bits: int = 0) -> FastLauncher:
+    launcher = _LAUNCHERS.get((name, bits))
     if launcher is None:
+        digits = 1 << bits
         kernel, constexprs, warps = {
-            "probe": (_probe_kernel, {"WINDOWS": WINDOWS, "WINDOW": WINDOW, "REGIONS": DIGITS * DIGITS}, 4),
-            "count": (_count_kernel, {"BINS": DIGITS, "BLOCK": BLOCK}, 8),
-            "partition": (_partition_kernel, {"BINS": DIGITS, "BLOCK": BLOCK, "STAGES": PARTITION_STAGES},
+            "probe": (_probe_kernel, {"WINDOWS": WINDOWS, "WINDOW": WINDOW, "REGIONS": digits * digits}, 4),
+            "count": (_count_kernel, {"BINS": digits, "BLOCK": BLOCK}, 8),
+            "partition": (_partition_kernel, {"BINS": digits, "BLOCK": BLOCK, "STAGES": PARTITION_STAGES},
                           PARTITION_WARPS),
             "scatter": (_scatter_kernel, {"BLOCK": SCATTER_BLOCK}, 4),
         }[name]
-        launcher = _LAUNCHERS[name] = FastLauncher(kernel, constexprs, num_warps=warps)
+        launcher = _LAUNCHERS[(name, bits)] = FastLauncher(kernel, constexprs, num_warps=warps)
     return launcher
 
 
-def region_shift(size: int) -> int:
-    """The smallest ``shift`` with ``DIGITS ** 2`` regions of ``2 ** shift`` destinations covering ``size``."""
-    return max(0, (cdiv(size, DIGITS * DIGITS) - 1).bit_length())
+def region_shift(size: int, bits: int) -> int:
+    """The smallest ``shift`` with ``4 ** bits`` regions of ``2 ** shift`` destinations covering ``size``."""
+    return max(0, (cdiv(size, 1 << 2 * bits) - 1).bit_length())
 
 
 _ENABLED: bool | None = None
@@ -233,56 +314,72 @@ def _cuda_l2_bytes(index: int) -> int:
     return int(getattr(torch.cuda.get_device_properties(index), "L2_cache_size", 0))
 
 
+def digit_bits(dest: torch.Tensor) -> int | None:
+    """The fewest ``DIGIT_BITS`` whose regions of ``dest`` fit ``L2_SHARE`` of its device's L2 cache.
+
+    None where none fits (or torch does not know the L2 size). Devices without
+    an L2 size (the interpreter's CPU) take the fewest bits.
+    """
+    l2 = l2_bytes(dest.device)
+    for bits in DIGIT_BITS:
+        span = (1 << region_shift(dest.numel(), bits)) * dest.stride(0) * dest.element_size()
+        if l2 is None or span <= l2 * L2_SHARE:
+            return bits
+    return None
+
+
 def applies(dest: torch.Tensor, index: torch.Tensor) -> bool:
     """Whether :func:`grouped_scatter` takes this scatter.
 
-    Large enough (see ``MIN_DEST_BYTES``), int32 keys and slots suffice,
-    2-byte elements (the 64 regions of a 4-byte [2^30] destination are 64 MiB,
-    more than the L2 cache holds; run 11: fp32 took 44.5 against torch's
-    35.0 ms), a region within ``L2_SHARE`` of the L2 cache (checked on CUDA
-    devices; the interpreter has none), and ``FLAGGEMS_GROUPED_SCATTER`` on.
+    A destination of ``MIN_DEST_BYTES`` or more whose sectors take at least
+    ``MIN_SECTOR_STORES`` stores each on average, small enough for int32 keys
+    and slots, an element size in ``ELEMENT_SIZES``, regions that fit the L2
+    cache (:func:`digit_bits`), and ``FLAGGEMS_GROUPED_SCATTER`` on.
     """
     n, size = index.numel(), dest.numel()
-    if not (dest.element_size() == 2 and MIN_INDICES <= n < INT32_LIMIT and size < INT32_LIMIT
-            and size * dest.stride(0) * 2 >= MIN_DEST_BYTES and enabled()):
-        return False
-    l2 = l2_bytes(dest.device)
-    return l2 is None or (1 << region_shift(size)) * dest.stride(0) * 2 <= l2 * L2_SHARE
+    span = size * dest.stride(0) * dest.element_size()
+    return (dest.element_size() in ELEMENT_SIZES and n < INT32_LIMIT and size < INT32_LIMIT
+            and span >= MIN_DEST_BYTES and n * SECTOR_BYTES >= MIN_SECTOR_STORES * span and enabled()
+            and digit_bits(dest) is not None)
 
 
-def _partition(index: torch.Tensor, source: torch.Tensor, state: torch.Tensor, size: int, shift: int,
+def _partition(index: torch.Tensor, source: torch.Tensor, state: torch.Tensor, size: int, bits: int, shift: int,
                counts: torch.Tensor, keys: torch.Tensor, values: torch.Tensor) -> None:
-    """One pass: the pairs grouped by digit ``(index >> shift) % DIGITS`` into ``keys``/``values``, in order."""
+    """One pass: the pairs grouped by digit ``(index >> shift) % 2**bits`` into ``keys``/``values``, in order."""
     n = index.numel()
     blocks = cdiv(n, BLOCK)
     programs = (min(blocks, PROGRAMS),)
-    _launcher("count")(programs, index, state, counts, n, index.stride(0), size, shift, blocks)
+    _launcher("count", bits)(programs, index, state, counts, n, index.stride(0), size, shift, blocks)
     slots = torch.cumsum(counts, 0, dtype=torch.int32)
-    _launcher("partition")(programs, index, source, state, slots, keys, values, n, index.stride(0),
-                           source.stride(0), size, shift, blocks)
+    _launcher("partition", bits)(programs, index, source, state, slots, keys, values, n, index.stride(0),
+                                 source.stride(0), size, shift, blocks)
 
 
-def grouped_scatter(dest: torch.Tensor, index: torch.Tensor, source: torch.Tensor) -> torch.Tensor | None:
+def grouped_scatter(dest: torch.Tensor, index: torch.Tensor, source: torch.Tensor,
+                    bits: int | None = None) -> torch.Tensor | None:
     """``dest[index[j]] = source[j]`` (1-D tensors, any strides, int index), grouped by region when random.
 
-    Callers check :func:`applies` first. Out-of-range indices are not
-    written; no host synchronisation. Returns the probe's device-side flag
-    (one int32: 1 where the pairs were grouped, 0 where scattered straight),
-    or None, with nothing done, when the workspace cannot be allocated.
+    Callers check :func:`applies` first; ``bits`` (default:
+    :func:`digit_bits`) sets the region count, ``4 ** bits``. Out-of-range
+    indices are not written; no host synchronisation. Returns the probe's
+    device-side flag (one int32: 1 where the pairs were grouped, 0 where
+    scattered straight), or None, with nothing done, when the workspace cannot
+    be allocated.
     """
     n, size = index.numel(), dest.numel()
+    bits = bits or digit_bits(dest) or DIGIT_BITS[-1]
     try:  # all of it before the first launch: running out of memory leaves the scatter to the caller
         state = dest.new_empty(1, dtype=torch.int32)
-        counts = dest.new_empty(DIGITS * cdiv(n, BLOCK) + 1, dtype=torch.int32)
+        counts = dest.new_empty((1 << bits) * cdiv(n, BLOCK) + 1, dtype=torch.int32)
         keys = (dest.new_empty(n, dtype=torch.int32), dest.new_empty(n, dtype=torch.int32))
         values = (dest.new_empty(n), dest.new_empty(n))
     except torch.OutOfMemoryError:
         return None
-    shift = region_shift(size)
-    regions = min(DIGITS * DIGITS, cdiv(size, 1 << shift), WINDOW)
-    _launcher("probe")((1,), index, state, n, index.stride(0), size, shift, WINDOWS * regions // SPREAD_SHARE)
-    _partition(index, source, state, size, shift, counts, keys[0], values[0])
-    _partition(keys[0], values[0], state, size, shift + DIGIT_BITS, counts, keys[1], values[1])
+    shift = region_shift(size, bits)
+    regions = min(1 << 2 * bits, cdiv(size, 1 << shift), WINDOW)
+    _launcher("probe", bits)((1,), index, state, n, index.stride(0), size, shift, WINDOWS * regions // SPREAD_SHARE)
+    _partition(index, source, state, size, bits, shift, counts, keys[0], values[0])
+    _partition(keys[0], values[0], state, size, bits, shift + bits, counts, keys[1], values[1])
     _launcher("scatter")((cdiv(n, SCATTER_BLOCK),), state, keys[1], values[1], index, source, dest, n,
                          index.stride(0), source.stride(0), dest.stride(0), size)
     return state
