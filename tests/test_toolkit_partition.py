@@ -72,18 +72,23 @@ def test_exact_for_integer_and_bool_elements(small, dtype, size, n):
     assert torch.equal(dest, expected)
 
 
-@pytest.mark.parametrize("digit", [1, 6, 7])
-def test_a_block_of_one_digit_ranks_without_carries(small, digit):
-    """Every pair of every block in one digit: the 16-bit field's counts run to BLOCK - 1."""
-    size, bits, blocks = 4096, 3, 3
+@pytest.mark.parametrize(("bits", "digit"), [(3, 1), (3, 6), (3, 7), (4, 2), (4, 14), (4, 15)])
+def test_a_block_of_one_digit_ranks_without_carries(small, monkeypatch, bits, digit):
+    """Every pair of every full-size block in one digit: its rank field counts up to BLOCK - 1.
+
+    The digits are the top field of a word, or the last word's (16-bit fields
+    for 3 bits, 10-bit ones for 4).
+    """
+    monkeypatch.setattr(part, "BLOCK", 512)
+    size, blocks = 1 << 14, 3
     shift = part.region_shift(size, bits)
     n = blocks * part.BLOCK
     gen = torch.Generator().manual_seed(digit)
-    index = ((torch.randint(0, 8, (n,), generator=gen) << (shift + bits)) + (digit << shift)
+    index = ((torch.randint(0, 1 << bits, (n,), generator=gen) << (shift + bits)) + (digit << shift)
              + torch.randint(0, 1 << shift, (n,), generator=gen)).to(DEV)
     source = torch.arange(float(n), device=DEV)
     keys, values = torch.empty(n, dtype=torch.int32, device=DEV), torch.empty(n, device=DEV)
-    counts = torch.empty(8 * blocks + 1, dtype=torch.int32, device=DEV)
+    counts = torch.empty((1 << bits) * blocks + 1, dtype=torch.int32, device=DEV)
     state = torch.ones(1, dtype=torch.int32, device=DEV)
     part._partition(index, source, state, size, bits, shift, counts, keys, values)
     assert torch.equal(values, source)  # one digit: the pass keeps the order

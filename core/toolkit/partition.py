@@ -66,6 +66,10 @@ from .layout import cdiv
 #: (fp16): 14.2-15.9.
 BLOCK = 512
 PARTITION_WARPS = 4
+#: Width of a rank field, by digit bits: a block's counts (up to BLOCK) stay below ``2**width``.
+#: Run 12 ([2^30], both passes): 3 bits (fp16) 9.37 ms with 16-bit fields (4 sums), 9.99 with
+#: 10-bit ones (3 sums); 4 bits (fp32) 13.01 with 16-bit (8 sums), 12.27 with 10-bit (6 sums).
+FIELD_BITS = {3: 16, 4: 10}
 #: Pipeline stages of the partition's block loop (run 11, masked loads: 15.9 -> 11.6 ms with two;
 #: run 12, unmasked: one or two, 9.8 ms).
 PARTITION_STAGES = 2
@@ -75,10 +79,17 @@ PARTITION_STAGES = 2
 DIGIT_BITS = (3, 4)
 #: Slots a scatter program writes; small, so the stores in flight stay within about one region.
 SCATTER_BLOCK = 1024
+#: Run 12 ([2^30] fp16 / fp32): 4 or 8 warps, 1024 or 2048 slots, 11.2-11.3 / 15.1-15.2 ms.
+SCATTER_WARPS = 4
+#: Run 12 ([2^30], both counts, fp16 / fp32): 16 warps 2.80 / 3.00 ms, 8 warps 2.00 / 2.19, 4 warps
+#: 1.75 / 1.95.
+COUNT_WARPS = 4
 #: Programs of the count and partition launches, which loop over blocks: an index the probe calls
 #: local leaves them nothing to do, and this many programs finding that out cost little. Run 11
-#: (fp16 [2^30], all launches): 2048 programs 26.5 ms, 4096 25.6, 8192 25.1.
-PROGRAMS = 8192
+#: (fp16 [2^30], all launches): 2048 programs 26.5 ms, 4096 25.6, 8192 25.1. Run 12 (unmasked
+#: loads; both passes, fp16 / fp32): 2048 programs 10.6 / 15.5 ms, 4096 10.1 / 14.4, 8192
+#: 9.8 / 13.5, 16384 9.6 / 13.3.
+PROGRAMS = 16384
 #: The probe: windows sampled, elements per window.
 WINDOWS = 16
 WINDOW = 256
@@ -175,7 +186,8 @@ def _count_block(index, counts, block, n, index_stride, size, shift, lanes, by_d
 
 @triton.jit(do_not_specialize=("n", "size", "shift", "blocks"))
 def _partition_kernel(index, source, state, slots, keys, values, n, index_stride, source_stride, size, shift,
-                      blocks, BINS: tl.constexpr, BLOCK: tl.constexpr, STAGES: tl.constexpr):
+                      blocks, BINS: tl.constexpr, BLOCK: tl.constexpr, FIELD_BITS: tl.constexpr,
+                      STAGES: tl.constexpr):
     """Writes block ``b``'s pairs with digit ``g`` from ``slots[g * blocks + b]`` on, in order (key -1: invalid).
 
     The programs loop over the full blocks; program 0 also takes the partial last one.
@@ -186,18 +198,19 @@ def _partition_kernel(index, source, state, slots, keys, values, n, index_stride
         by_digit = tl.arange(0, BINS) * blocks
         for block in tl.range(pid, n // BLOCK, tl.num_programs(0), num_stages=STAGES):
             _partition_block(index, source, slots, keys, values, block, n, index_stride, source_stride, size, shift,
-                             lanes, by_digit, BINS, BLOCK, True)
+                             lanes, by_digit, BINS, BLOCK, FIELD_BITS, True)
         if (pid == 0) & (n % BLOCK != 0):
             _partition_block(index, source, slots, keys, values, n // BLOCK, n, index_stride, source_stride, size,
-                             shift, lanes, by_digit, BINS, BLOCK, False)
+                             shift, lanes, by_digit, BINS, BLOCK, FIELD_BITS, False)
 
 
 @triton.jit
 def _partition_block(index, source, slots, keys, values, block, n, index_stride, source_stride, size, shift, lanes,
-                     by_digit, BINS: tl.constexpr, BLOCK: tl.constexpr, FULL: tl.constexpr):
+                     by_digit, BINS: tl.constexpr, BLOCK: tl.constexpr, FIELD_BITS: tl.constexpr,
+                     FULL: tl.constexpr):
     j = block * BLOCK + lanes
     d, digit, valid, live = _digits(index, j, n, index_stride, size, shift, BINS, FULL)
-    slot = tl.gather(tl.load(slots + by_digit + block), digit, 0) + _rank_in_digit(digit, live, BINS)
+    slot = tl.gather(tl.load(slots + by_digit + block), digit, 0) + _rank_in_digit(digit, live, BINS, FIELD_BITS)
     key = tl.where(valid, d, -1).to(tl.int32)
     if FULL:
         tl.store(keys + slot, key)
@@ -208,22 +221,24 @@ def _partition_block(index, source, slots, keys, values, block, n, index_stride,
 
 
 @triton.jit
-def _rank_in_digit(digit, live, BINS: tl.constexpr):
-    """For each live element, how many live elements before it share its digit (blocks below 2**16).
+def _rank_in_digit(digit, live, BINS: tl.constexpr, FIELD_BITS: tl.constexpr):
+    """For each live element, how many live elements before it share its digit (fewer than ``2**FIELD_BITS``).
 
-    Digit ``g`` is field ``g % 2`` (16 bits) of int32 word ``g // 2``: one
-    prefix sum per word counts two digits at once, and a field's exclusive
-    count stays below 2**16, so fields never carry into each other. (Run 11:
-    four int32 sums took 12.5 ms for both passes, two int64 sums 15.9.)
+    Digit ``g`` is field ``g % FIELDS`` (``FIELD_BITS`` wide) of int32 word
+    ``g // FIELDS``: one prefix sum per word counts ``FIELDS`` digits at once,
+    and a field's count stays below ``2**FIELD_BITS``, so fields never carry
+    into each other. (Run 11: four int32 sums took 12.5 ms for both passes,
+    two int64 sums 15.9.)
     """
-    field = (digit % 2) * 16
+    FIELDS: tl.constexpr = 32 // FIELD_BITS
+    field = (digit % FIELDS) * FIELD_BITS
     one = tl.full(digit.shape, 1, tl.int32) << field
     rank = tl.zeros(digit.shape, tl.int32)
-    for word in tl.static_range(BINS // 2):
-        mine = live & (digit // 2 == word)
+    for word in tl.static_range((BINS + FIELDS - 1) // FIELDS):
+        mine = live & (digit // FIELDS == word)
         ones = tl.where(mine, one, 0)
         before = tl.cumsum(ones, 0) - ones
-        rank = tl.where(mine, (before >> field) & 0xFFFF, rank)
+        rank = tl.where(mine, (before >> field) & ((1 << FIELD_BITS) - 1), rank)
     return rank
 
 
@@ -268,16 +283,22 @@ _LAUNCHERS: dict[tuple[str, int], FastLauncher] = {}
 def _launcher(name: str, bits: int = 0) -> FastLauncher:
     launcher = _LAUNCHERS.get((name, bits))
     if launcher is None:
-        digits = 1 << bits
-        kernel, constexprs, warps = {
-            "probe": (_probe_kernel, {"WINDOWS": WINDOWS, "WINDOW": WINDOW, "REGIONS": digits * digits}, 4),
-            "count": (_count_kernel, {"BINS": digits, "BLOCK": BLOCK}, 8),
-            "partition": (_partition_kernel, {"BINS": digits, "BLOCK": BLOCK, "STAGES": PARTITION_STAGES},
-                          PARTITION_WARPS),
-            "scatter": (_scatter_kernel, {"BLOCK": SCATTER_BLOCK}, 4),
-        }[name]
+        kernel, constexprs, warps = _kernel_spec(name, 1 << bits)
         launcher = _LAUNCHERS[(name, bits)] = FastLauncher(kernel, constexprs, num_warps=warps)
     return launcher
+
+
+def _kernel_spec(name: str, digits: int) -> tuple[triton.JITFunction, dict[str, int], int]:
+    """A launch's kernel, constexprs and warps (``digits`` per pass)."""
+    if name == "probe":
+        return _probe_kernel, {"WINDOWS": WINDOWS, "WINDOW": WINDOW, "REGIONS": digits * digits}, 4
+    if name == "count":
+        return _count_kernel, {"BINS": digits, "BLOCK": BLOCK}, COUNT_WARPS
+    if name == "partition":
+        constexprs = {"BINS": digits, "BLOCK": BLOCK, "FIELD_BITS": FIELD_BITS[digits.bit_length() - 1],
+                      "STAGES": PARTITION_STAGES}
+        return _partition_kernel, constexprs, PARTITION_WARPS
+    return _scatter_kernel, {"BLOCK": SCATTER_BLOCK}, SCATTER_WARPS
 
 
 def region_shift(size: int, bits: int) -> int:
