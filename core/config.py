@@ -104,8 +104,9 @@ REGISTRY: dict[str, EnvVar] = {
                "Validate index arguments with a host synchronisation on GPU "
                "(always done on the CPU interpreter).", parse_bool),
         EnvVar("FLAGGEMS_GROUPED_SCATTER", "bool", True,
-               "Group a large random 1-D scatter of 2-byte elements by destination region "
-               "before writing it (index_copy; two n-pair workspaces). 0: the plain scatter.", parse_bool),
+               "Group a large random 1-D scatter (1-, 2- or 4-byte elements, 4+ stores per "
+               "32-byte sector) by destination region before writing it (index_copy; two n-pair "
+               "workspaces). 0: the plain scatter.", parse_bool),
     )
 }
 

@@ -8,8 +8,8 @@ grouped by destination region (random inside each region) take 9.1-12.0 ms
 for 2-32 MiB regions: a region fits in the L2 cache, which merges the partial
 sectors before writing them back (benchmarks/RESULTS.md, runs 7 and 11). So
 grouping pays where each sector takes several stores (``MIN_SECTOR_STORES``):
-run 12, [2^30] random half, 21.1 against 34.6 ms (fp16), 28.6 against 35.0
-(fp32).
+run 12, [2^30] random half in place, 20.8 against torch's 34.0 ms (fp16),
+28.7 against 34.4 (fp32).
 
 :func:`grouped_scatter` groups the pairs into ``4 ** bits`` regions on the
 device (``bits`` from ``DIGIT_BITS``: the fewest whose regions fit the L2
@@ -26,7 +26,7 @@ cache), as a two-pass least-significant-digit radix partition, then scatters:
    ``torch.cumsum`` turns the counts into each (digit, block)'s first slot.
    The partition ranks each pair among the block's pairs with its digit and
    writes (index as int32, value) there. The rank is an exclusive prefix
-   count, two digits packed in 16-bit fields of an int32 word.
+   count, several digits packed in the fields of an int32 word.
 3. **scatter** (one program per ``SCATTER_BLOCK`` slots, in slot order, so the
    stores in flight fall in one or two regions): writes ``dest`` from the
    grouped pairs, or, where the probe said "local", straight from
@@ -59,7 +59,7 @@ from .. import config
 from .launch import FastLauncher
 from .layout import cdiv
 
-#: Pairs a program counts and partitions at once; exclusive counts below 2**16 fit 16-bit fields.
+#: Pairs a program counts and partitions at once (at most 2**FIELD_BITS - 1: the rank fields hold its counts).
 #: Run 12 ([2^30], both passes with their counts; fp16 3 bits / fp32 4 bits, ms): 512 pairs with
 #: 4 warps 9.8 / 13.5, with 2 warps 9.4 / 13.8, with 8 warps 13.1 / 19.9; 1024 with 4 warps
 #: 9.9 / 16.1, with 8 11.5 / 17.1; 2048 with 8 12.0 / 19.6. 256 pairs with 8-bit rank fields
