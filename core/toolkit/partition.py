@@ -101,7 +101,7 @@ SPREAD_SHARE = 4
 #: [2^25] fp16 (64 MiB) 2: 0.74x, 4: 1.01x, 8: 1.27x; [2^24] fp32 2: 0.78x, 4: 1.07x;
 #: [2^26] uint8 2: 0.74x, 16: 1.39x; [2^28] fp16 0.25: 0.69x; [2^30] fp32 4: 1.22x, fp16 8: 1.64x,
 #: uint8 16: 1.87x, fp64 2: 0.87x. A destination the L2 cache holds gains nothing: [2^24] fp16
-#: (32 MiB) 4: 0.54x, 8: 0.56x.
+#: (32 MiB) 4: 0.56x, 8: 0.54x.
 SECTOR_BYTES = 32
 MIN_SECTOR_STORES = 4
 MIN_DEST_BYTES = 64 << 20
