@@ -283,19 +283,20 @@ _LAUNCHERS: dict[tuple[str, int], FastLauncher] = {}
 def _launcher(name: str, bits: int = 0) -> FastLauncher:
     launcher = _LAUNCHERS.get((name, bits))
     if launcher is None:
-        kernel, constexprs, warps = _kernel_spec(name, 1 << bits)
+        kernel, constexprs, warps = _kernel_spec(name, bits)
         launcher = _LAUNCHERS[(name, bits)] = FastLauncher(kernel, constexprs, num_warps=warps)
     return launcher
 
 
-def _kernel_spec(name: str, digits: int) -> tuple[triton.JITFunction, dict[str, int], int]:
-    """A launch's kernel, constexprs and warps (``digits`` per pass)."""
+def _kernel_spec(name: str, bits: int) -> tuple[triton.JITFunction, dict[str, int], int]:
+    """A launch's kernel, constexprs and warps (``bits``-wide digits)."""
+    digits = 1 << bits
     if name == "probe":
         return _probe_kernel, {"WINDOWS": WINDOWS, "WINDOW": WINDOW, "REGIONS": digits * digits}, 4
     if name == "count":
         return _count_kernel, {"BINS": digits, "BLOCK": BLOCK}, COUNT_WARPS
     if name == "partition":
-        constexprs = {"BINS": digits, "BLOCK": BLOCK, "FIELD_BITS": FIELD_BITS[digits.bit_length() - 1],
+        constexprs = {"BINS": digits, "BLOCK": BLOCK, "FIELD_BITS": FIELD_BITS[bits],
                       "STAGES": PARTITION_STAGES}
         return _partition_kernel, constexprs, PARTITION_WARPS
     return _scatter_kernel, {"BLOCK": SCATTER_BLOCK}, SCATTER_WARPS
