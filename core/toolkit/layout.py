@@ -17,6 +17,9 @@ PlanT = TypeVar("PlanT")
 #: Entries a per-layout plan cache holds before it starts over: a bound, so a stream of new
 #: shapes cannot grow it without end.
 PLAN_CACHE_SIZE = 4096
+#: Bytes of a GPU memory sector: the unit of a global memory transaction, and of the L2 cache's
+#: partial writes (a store narrower than a sector leaves it partial).
+SECTOR_BYTES = 32
 
 
 def remember(cache: MutableMapping[Hashable, PlanT], key: Hashable, plan: PlanT) -> PlanT:

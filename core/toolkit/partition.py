@@ -57,7 +57,7 @@ import triton.language as tl
 
 from .. import config
 from .launch import FastLauncher
-from .layout import cdiv
+from .layout import SECTOR_BYTES, cdiv
 
 #: Pairs a program counts and partitions at once (at most 2**FIELD_BITS - 1: the rank fields hold its counts).
 #: Run 12 ([2^30], both passes with their counts; fp16 3 bits / fp32 4 bits, ms): 512 pairs with
@@ -102,7 +102,6 @@ SPREAD_SHARE = 4
 #: [2^26] uint8 2: 0.74x, 16: 1.39x; [2^28] fp16 0.25: 0.69x; [2^30] fp32 4: 1.22x, fp16 8: 1.64x,
 #: uint8 16: 1.87x, fp64 2: 0.87x. A destination the L2 cache holds gains nothing: [2^24] fp16
 #: (32 MiB) 4: 0.56x, 8: 0.54x.
-SECTOR_BYTES = 32
 MIN_SECTOR_STORES = 4
 MIN_DEST_BYTES = 64 << 20
 #: Implied by the two above (a cheap first test for callers).

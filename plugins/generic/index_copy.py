@@ -45,7 +45,7 @@ from flaggems import Decline
 from flaggems.toolkit import cdiv, checks, partition
 from flaggems.toolkit.indexing import index_along_dim, scatter_or_gather
 from flaggems.toolkit.launch import FastLauncher
-from flaggems.toolkit.layout import overlaps
+from flaggems.toolkit.layout import SECTOR_BYTES, overlaps
 from flaggems.toolkit.strided import SUPPORTED_DTYPES, strided_copy
 
 #: The inverse-index form is used from this many destination elements on (below, the extra launch
@@ -53,9 +53,9 @@ from flaggems.toolkit.strided import SUPPORTED_DTYPES, strided_copy
 #: costs 4 bytes a position along ``dim``: a 1-D scatter keeps the plain form).
 INVERSE_MIN_ELEMENTS = 1 << 20
 INVERSE_DIM_SHARE = 8
-#: In place, the inverse form is used for rows narrower than one 32-byte memory sector, which the
-#: plain scatter writes as partial sectors in the index's order; the gather writes them in order.
-SECTOR_BYTES = 32
+#: In place, the inverse form is used for rows narrower than one memory sector (``SECTOR_BYTES``),
+#: which the plain scatter writes as partial sectors in the index's order; the gather writes them
+#: in order.
 INVERT_BLOCK = 1024
 #: Up to this many positions plus indices, one program builds the inverse (fill, then scatter): a
 #: launch less, which is what a mid-size call's time is made of on a slow host (run 5: index_copy
