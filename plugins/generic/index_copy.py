@@ -191,8 +191,9 @@ def _by_inverse(self: torch.Tensor, dim: int, index: torch.Tensor, source: torch
 def _grouped(target: torch.Tensor, dim: int, index: torch.Tensor, source: torch.Tensor) -> bool:
     """A large scatter of single elements (every other dimension of size 1): grouped by region first.
 
-    See :mod:`flaggems.toolkit.partition` (run 11: the fp16 [2^30] random
-    case). Returns False (nothing done) for any other workload, or when its
+    See :mod:`flaggems.toolkit.partition` (runs 11-12: the [2^30] random
+    case, 1-, 2- and 4-byte elements; ``partition.applies`` says where it
+    pays). Returns False (nothing done) for any other workload, or when its
     workspace cannot be allocated.
     """
     if index.numel() < partition.MIN_INDICES or target.numel() != target.shape[dim]:
