@@ -199,13 +199,42 @@ def test_index_cases_cover_every_rows_form(small_index_tiles):
     assert {rows for rows, one_column in forms if one_column} == set(every)
 
 
+def test_whole_tiles_only_when_the_tiles_cover_the_work_exactly(small_index_tiles):
+    """``WHOLE_TILES`` (no edge branch compiled) exactly when rows and columns divide by the tile.
+
+    The select cases reach both kernels, so ``test_interior_and_edge_tiles`` runs each end to end.
+    """
+    seen = set()
+    for case in SELECT_CASES:
+        x, dim, idx = _select_case_input(case)
+        constexprs = _gather_constexprs(small_index_tiles, x, dim, idx)
+        rows = x.shape[:dim].numel() * len(idx)
+        cols = x.shape[dim + 1:].numel()
+        exact = rows % constexprs["BLOCK_R"] == 0 and cols % constexprs["BLOCK_C"] == 0
+        assert constexprs["WHOLE_TILES"] == exact, case
+        seen.add(exact)
+    assert seen == {False, True}
+
+
 def test_tile_rows_shrink_to_the_indexed_dimension_only_when_it_pays():
     """Rows shrink to ``j_size`` (ROWS_WRAP_ONCE) only when the tile keeps ``MIN_TILE`` elements."""
     from flaggems.toolkit import indexing
 
-    assert indexing._tile(4096 * 2048, 1, 2048, 0) == (2048, 1)  # index_select [4096, 4096] dim 1
-    assert indexing._tile(200 * 20499, 3, 20499, 0) == (1024, 4)  # already within j_size
-    assert indexing._tile(5000, 1, 1000, 0) == (4096, 1)  # 512 rows would be under MIN_TILE: unchanged
+    assert indexing._tile(4096 * 2048, 1, 2048, 0, 2) == (2048, 1)  # index_select [4096, 4096] dim 1
+    assert indexing._tile(200 * 20499, 3, 20499, 0, 2) == (1024, 4)  # already within j_size
+    assert indexing._tile(5000, 1, 1000, 0, 2) == (4096, 1)  # 512 rows would be under MIN_TILE: unchanged
+
+
+def test_wide_rows_take_a_tile_of_fixed_bytes():
+    """Rows of ``WIDE_ROW_BYTES`` or more get ``WIDE_TILE_BYTES`` tiles (64 bytes a thread), narrower ones ``TILE``."""
+    from flaggems.toolkit import indexing
+
+    assert indexing._tile(2048, 4096, 2048, 0, 2) == (2, 4096)  # index_select [4096, 4096] dim 0 fp16
+    assert indexing._tile(2048, 4096, 2048, 0, 4) == (1, 4096)  # fp32: 16 KiB already
+    assert indexing._tile(2048, 4096, 2048, 0, 8) == (1, 4096)  # fp64: one row, wider than the tile
+    assert indexing._tile(2048, 4096, 2048, 0, 1) == (4, 4096)
+    assert indexing._tile(512 * 1024, 1024, 512, 0, 2) == (8, 1024)  # [1024, 1024, 1024] dim 1 fp16: 2 KiB rows
+    assert indexing._tile(64 * 256, 512, 256, 0, 2) == (8, 512)  # [64, 512, 512] dim 1 fp16: 1 KiB, TILE
 
 
 def test_merged_one_column_gathers_get_more_warps():
@@ -539,7 +568,7 @@ def test_kernels_vectorise_for_sm90():
             return triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": num_warps}).asm["ptx"]
 
         common = dict(INDEX_MODE=0, INT64=False, A_UNIT=True, B_UNIT=True, A_LINEAR=True,
-                      ROWS=indexing.ROWS_WRAP_ONCE)
+                      ROWS=indexing.ROWS_WRAP_ONCE, WHOLE_TILES=False)
         shapes = {  # (BLOCK_R, BLOCK_C, SCATTER, ALIGNED, FALLBACK): the contiguous side must vectorise
             "index_select dim 0": (1, 4096, False, True, indexing.FALLBACK_ZERO),
             "index_copy dim 0": (1, 4096, True, True, indexing.FALLBACK_ZERO),
@@ -575,12 +604,18 @@ def test_kernels_vectorise_for_sm90():
             common, BLOCK_R=1, BLOCK_C=4096, SCATTER=False, ALIGNED=True, FALLBACK=indexing.FALLBACK_ZERO,
             ROWS=indexing.ROWS_NO_OUTER), 8)
         assert len(re.findall(r"\\b(div|rem)\\.[su](32|64)", code)) < 2, "the flat dim 0 plan divides per row"
+        assert re.search(r"(ld|st)\\.global\\.b16", code), "edge branch: no scalar access to remove"
+        code = ptx(indexing.index_along_dim_kernel, pointers, dict(  # the same plan, tiles covering the work
+            common, BLOCK_R=2, BLOCK_C=4096, SCATTER=False, ALIGNED=True, FALLBACK=indexing.FALLBACK_ZERO,
+            ROWS=indexing.ROWS_NO_OUTER, WHOLE_TILES=True), 8)
+        assert re.search(r"ld\\.global\\.v4", code) and not re.search(r"(ld|st)\\.global\\.b16", code), \
+            "WHOLE_TILES still compiles the edge branch"
         for one_program in (False, True):  # the index_copy inverse: every form compiles
             for order in (False, True):
                 ptx(ic._invert_kernel, {"index": "*i64", "inverse": "*i32"},
                     dict(BLOCK=1024, ONE_PROGRAM=one_program, ORDER=order), 4)
         side = dict(BLOCK_R=4096, BLOCK_C=1, INT64=False, A_LINEAR=True, A_UNIT=True, B_UNIT=True, ALIGNED=False,
-                    ROWS=indexing.ROWS_ONE_OUTER)
+                    ROWS=indexing.ROWS_ONE_OUTER, WHOLE_TILES=False)
         ptx(indexing.scatter_or_gather_kernel,  # in place index_copy_ along the last dimension
             {"a": "*fp16", "b": "*fp16", "idx": "*i64", "inverse": "*i32"},
             {**{"S_" + k: v for k, v in side.items()}, **{"G_" + k: v for k, v in side.items()}}, 8)
