@@ -47,11 +47,14 @@ _NATIVE_THREADS: set[int] = set()
 
 @contextlib.contextmanager
 def native_scope() -> Iterator[None]:
-    """Route every flaggems-overridden op to its native kernel inside the block.
+    """Route every flaggems-overridden op to its native kernel inside the block, on every device.
 
     The kernel toolkit wraps interpreted (CPU) launches in it: the Triton
     interpreter copies arguments with torch ops that must not come back here.
-    Re-entrant: an inner scope leaves the outer one in force.
+    Tests compute their expected values in it. Re-entrant: an inner scope
+    leaves the outer one in force. It costs a routed call nothing: the entry
+    tests its thread against this scope's set as it does against its own
+    re-entry set.
     """
     me = threading.get_ident()
     if me in _NATIVE_THREADS:
@@ -159,7 +162,7 @@ def _decline_reason(verdict: Any) -> str:
     return verdict if isinstance(verdict, str) else "supports() returned False"
 
 
-def build_entry(op: str, chain: Sequence[ResolvedLink], native: NativeKernel, interpreter: bool,
+def build_entry(op: str, chain: Sequence[ResolvedLink], native: NativeKernel,
                 channels: frozenset[str]) -> Callable[..., Any]:
     """Build the per-op entry point registered with the dispatcher.
 
@@ -168,8 +171,8 @@ def build_entry(op: str, chain: Sequence[ResolvedLink], native: NativeKernel, in
     """
     busy: set[int] = set()  # threads currently inside this op's implementation
     if len(chain) == 1 and chain[0].supports is None and not channels:
-        return _build_single_entry(chain[0].fn, native, busy, interpreter)
-    return _build_chain_entry(op, tuple(chain), native, interpreter, channels, busy)
+        return _build_single_entry(chain[0].fn, native, busy)
+    return _build_chain_entry(op, tuple(chain), native, channels, busy)
 
 
 def _number_check(native: NativeKernel) -> tuple[int, Callable[[tuple], bool] | None]:
@@ -194,10 +197,9 @@ def _number_check(native: NativeKernel) -> tuple[int, Callable[[tuple], bool] | 
     return first, lambda args: any(len(args) > i and args[i].__class__ in numbers for i in rest)
 
 
-def _build_single_entry(fn: Callable[..., Any], native: NativeKernel, busy: set[int],
-                        interpreter: bool) -> Callable[..., Any]:
+def _build_single_entry(fn: Callable[..., Any], native: NativeKernel, busy: set[int]) -> Callable[..., Any]:
     get_ident = threading.get_ident
-    native_threads = _NATIVE_THREADS if interpreter else frozenset()
+    native_threads = _NATIVE_THREADS
     slot, other_slots = _number_check(native)
     numbers = _PY_NUMBER_CLASSES
 
@@ -218,10 +220,10 @@ def _build_single_entry(fn: Callable[..., Any], native: NativeKernel, busy: set[
     return entry
 
 
-def _build_chain_entry(op: str, chain: tuple[ResolvedLink, ...], native: NativeKernel, interpreter: bool,
+def _build_chain_entry(op: str, chain: tuple[ResolvedLink, ...], native: NativeKernel,
                        channels: frozenset[str], busy: set[int]) -> Callable[..., Any]:
     get_ident = threading.get_ident
-    native_threads = _NATIVE_THREADS if interpreter else frozenset()
+    native_threads = _NATIVE_THREADS
     dispatch_log = log.logger("dispatch") if "dispatch" in channels else None
     fallback_log = log.logger("fallback") if "fallback" in channels else None
 
@@ -277,7 +279,7 @@ class Binding:
         self.ops: dict[str, Callable[..., Any]] = {}
         self.natives: dict[str, NativeKernel] = {}
 
-    def register(self, routes: dict[str, Route], interpreter: bool, channels: frozenset[str]) -> None:
+    def register(self, routes: dict[str, Route], channels: frozenset[str]) -> None:
         """Register one entry per routed op (ops routed to native stay untouched).
 
         A CompositeImplicitAutograd op (``repeat_interleave.self_int``, ...)
@@ -294,7 +296,7 @@ class Binding:
             chain = resolve_chain(route)
             for key in self._keys_for(op):
                 native = NativeKernel.capture(op, key)
-                prepared.append((op, key, build_entry(op, chain, native, interpreter, channels), native))
+                prepared.append((op, key, build_entry(op, chain, native, channels), native))
         library = torch.library.Library("aten", "IMPL")
         with warnings.catch_warnings():
             # torch warns once when overriding a C++ kernel: that is the point here.

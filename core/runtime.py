@@ -121,7 +121,7 @@ class Runtime:
             binding = Binding(active.dispatch_key)
             log.configure()  # FLAGGEMS_LOG; channels switched on in code count too
             channels = frozenset(c for c in log.CHANNELS if log.is_on(c))
-            binding.register(routes, active.interpreter, channels)
+            binding.register(routes, channels)
             self._binding, self._enabled_with, self._routes = binding, key, routes
 
     def disable(self) -> None:

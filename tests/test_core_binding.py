@@ -65,6 +65,25 @@ def test_vendor_first_then_generic_on_decline(runtime, calls, monkeypatch):
     assert calls == ["vendor_neg", "triton_neg"]
 
 
+def test_native_scope_routes_native_on_every_device(runtime, calls):
+    """Tests compute expected values in ``native_scope``: on a GPU too it must reach the native kernel.
+
+    Until run 13 it did so only under the Triton interpreter, so on the GPU an
+    "expected" value came from the kernel under test.
+    """
+    from flaggems.binding import native_scope
+
+    runtime.manager.register(GenericNeg(), "fake-generic")
+    x = torch.randn(6, device=DEV)
+    with flaggems.enabled():
+        with native_scope():
+            inside = torch.neg(x)
+        assert calls == []
+        outside = torch.neg(x)
+    assert calls == ["triton_neg"]
+    assert torch.equal(inside, outside)
+
+
 def test_reentry_goes_native_not_recursive(runtime, calls):
     runtime.manager.register(GenericNeg(), "fake-generic")
     x = torch.tensor([-1.5, 2.0], device=DEV)
