@@ -18,9 +18,10 @@ Sizes and strides are runtime ``int64`` arguments (new shapes never compile);
 the constexprs are a bounded menu: tile shape, gather/scatter, 32/64-bit
 offsets, whether the tiles cover the work exactly (then no edge-tile code is
 compiled: fewer registers, more programs resident). Invalid indices (``< 0``
-or ``>= size``) are masked: nothing is written out of bounds; a gather writes zeros there, or (given a ``fallback``
-tensor: index_copy's inverse form) that tensor's element, or nothing at all
-when the fallback is the destination itself. Callers validate indices when
+or ``>= size``) are masked: nothing is written out of bounds; a gather writes
+zeros there, or (given a ``fallback`` tensor: index_copy's inverse form) that
+tensor's element, or nothing at all when the fallback is the destination
+itself. Callers validate indices when
 checking is on.
 
 :func:`scatter_or_gather` runs a scatter plan or a gather plan in one launch,
