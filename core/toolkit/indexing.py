@@ -21,8 +21,7 @@ compiled: fewer registers, more programs resident). Invalid indices (``< 0``
 or ``>= size``) are masked: nothing is written out of bounds; a gather writes
 zeros there, or (given a ``fallback`` tensor: index_copy's inverse form) that
 tensor's element, or nothing at all when the fallback is the destination
-itself. Callers validate indices when
-checking is on.
+itself. Callers validate indices when checking is on.
 
 :func:`scatter_or_gather` runs a scatter plan or a gather plan in one launch,
 whichever a flag in device memory (written by an earlier launch) picks: the
