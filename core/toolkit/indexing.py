@@ -188,12 +188,13 @@ def _index_tile(pid, a, b, idx, fallback, outer0, outer1, j_size, rows, inner1, 
     c = c_tile * BLOCK_C + tl.arange(0, BLOCK_C)
     cols = _narrow(cols, INT64)
     inner1 = _narrow(inner1, INT64)
-    row_ok = r < _narrow(rows, INT64)
+    if WHOLE_TILES:
+        row_ok = tl.full((BLOCK_R,), 1, tl.int1)  # every row lies inside the work
+    else:
+        row_ok = r < _narrow(rows, INT64)
     col_ok = c < cols
     o0, o1, j = _row_coordinates(row_tile * BLOCK_R, tl.arange(0, BLOCK_R), _narrow(j_size, INT64),
                                  _narrow(outer1, INT64), ROWS)
-    if WHOLE_TILES:
-        row_ok = tl.full((BLOCK_R,), 1, tl.int1)
     if INDEX_MODE == 0:  # index tensor
         if WHOLE_TILES:
             target = tl.load(idx + j * _narrow(idx_stride, INT64))
