@@ -47,6 +47,18 @@ def test_out_of_range_index_never_writes_out_of_bounds(unchecked):
     assert torch.equal(base, expected)
 
 
+def test_an_index_past_2_32_does_not_wrap_onto_a_valid_one(unchecked):
+    """A plan with 32-bit offsets checks the 64-bit index: 2**32 + 1 is out of range, not position 1."""
+    x = torch.arange(12.0, device=DEV).reshape(3, 4)
+    index = torch.tensor([2**32 + 1, 2], device=DEV)
+    assert torch.equal(x.index_select(1, index), torch.tensor([[0.0, 2], [0, 6], [0, 10]], device=DEV))
+    source = -torch.ones(3, 2, device=DEV)
+    expected = x.clone()
+    expected[:, 2] = -1
+    assert torch.equal(x.clone().index_copy_(1, index, source), expected)
+    assert torch.equal(x.index_copy(1, index, source), expected)
+
+
 def test_out_of_range_gather_writes_zeros(unchecked):
     x = torch.arange(12.0, device=DEV).reshape(3, 4)
     out = x.index_select(1, torch.tensor([1, 7], device=DEV))
@@ -568,7 +580,7 @@ def test_kernels_vectorise_for_sm90():
             return triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": num_warps}).asm["ptx"]
 
         common = dict(INDEX_MODE=0, INT64=False, A_UNIT=True, B_UNIT=True, A_LINEAR=True,
-                      ROWS=indexing.ROWS_WRAP_ONCE, WHOLE_TILES=False)
+                      ROWS=indexing.ROWS_WRAP_ONCE, WHOLE_TILES=False, SEARCH=1)
         shapes = {  # (BLOCK_R, BLOCK_C, SCATTER, ALIGNED, FALLBACK): the contiguous side must vectorise
             "index_select dim 0": (1, 4096, False, True, indexing.FALLBACK_ZERO),
             "index_copy dim 0": (1, 4096, True, True, indexing.FALLBACK_ZERO),
@@ -610,6 +622,11 @@ def test_kernels_vectorise_for_sm90():
             ROWS=indexing.ROWS_NO_OUTER, WHOLE_TILES=True), 8)
         assert re.search(r"ld\\.global\\.v4", code) and not re.search(r"(ld|st)\\.global\\.b16", code), \
             "WHOLE_TILES still compiles the edge branch"
+        for rows, cols, lanes in ((128, 1, 32), (2, 512, 2048)):  # index_copy's search form, both tile shapes
+            code = ptx(indexing.index_along_dim_kernel, pointers, dict(
+                common, INDEX_MODE=indexing.INDEX_SEARCH, BLOCK_R=rows, BLOCK_C=cols, SCATTER=False, ALIGNED=True,
+                FALLBACK=indexing.FALLBACK_TENSOR, SEARCH=lanes), 8)
+            assert "ld.local" not in code, "the search spills"
         for one_program in (False, True):  # the index_copy inverse: every form compiles
             for order in (False, True):
                 ptx(ic._invert_kernel, {"index": "*i64", "inverse": "*i32"},
@@ -639,6 +656,7 @@ def inverse_always(monkeypatch, request):
     monkeypatch.setattr(ic, "INVERT_BLOCK", 4)  # several blocks of indices and of positions
     monkeypatch.setattr(ic, "ONE_PROGRAM_LIMIT", request.param)
     monkeypatch.setattr(ic, "_INVERT", {})
+    monkeypatch.setattr(ic, "SEARCH_MAX_PAIRS", 0)  # out of place too (small calls otherwise search)
     return ic
 
 
@@ -750,6 +768,92 @@ def test_inverse_flags_a_decreasing_index(case, inverse_always):
         if len(set(values)) == len(values):  # duplicates: one j wins, unspecified
             assert torch.equal(inverse.cpu(), expected)
         assert torch.equal(inverse.cpu() >= 0, expected >= 0)
+
+
+@pytest.fixture(params=["search", "copy-then-scatter"])
+def out_of_place_form(monkeypatch, request, small_index_tiles):
+    """index_copy out of place by one of its two small-workload forms, whatever the size.
+
+    The search form compares 4 index entries a step (rows then take several
+    steps, the last one partial); the inverse form is never taken.
+    """
+    from flaggems.plugins.generic import index_copy as ic
+
+    monkeypatch.setattr(ic, "SEARCH_MAX_PAIRS", 1 << 62 if request.param == "search" else 0)
+    monkeypatch.setattr(ic, "INVERSE_MIN_ELEMENTS", 1 << 62)
+    monkeypatch.setattr(small_index_tiles, "SEARCH_LANES", 4)
+    return request.param
+
+
+SEARCH_CASES = {  # (shape, dim, index length): rows x columns of the work in 16-element tiles
+    **INVERSE_CASES,
+    "one index": ((6, 5), 0, 1),
+    "wide rows": ((4, 7, 9), 1, 7),
+    "4-D, middle": ((2, 3, 5, 4), 2, 3),
+}
+
+
+@pytest.mark.parametrize("case", SEARCH_CASES, ids=list(SEARCH_CASES))
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32, torch.int32, torch.bool])
+def test_index_copy_out_of_place_forms(case, dtype, out_of_place_form, unchecked):
+    """Each form matches torch, with a random index read through a stride and a transposed source."""
+    shape, dim, count = SEARCH_CASES[case]
+    gen = torch.Generator().manual_seed(len(case) + 7)
+    self_ = (torch.randn(shape, generator=gen) * 9).to(dtype).to(DEV)
+    index = torch.randperm(self_.shape[dim], generator=gen)[:count].to(DEV)
+    source_shape = list(shape)
+    source_shape[dim] = count
+    source = (torch.randn(source_shape, generator=gen) * 9).to(dtype).to(DEV)
+    strided_index = torch.stack((index, -index), 1)[:, 0]
+    transposed = source.t().contiguous().t() if source.dim() == 2 else source
+    with native_scope():
+        expected = self_.index_copy(dim, index, source)
+    assert torch.equal(self_.index_copy(dim, index, source), expected)
+    assert torch.equal(self_.index_copy(dim, strided_index, transposed), expected)
+
+
+def test_index_copy_out_of_place_forms_edge_cases(out_of_place_form, unchecked):
+    """Out-of-range indices write nothing, a duplicate writes one of its candidates, 0-dim and empty work."""
+    self_ = torch.arange(40.0, device=DEV).reshape(5, 8)
+    source = -torch.arange(1.0, 31.0, device=DEV).reshape(5, 6)
+    result = self_.index_copy(1, torch.tensor([7, -1, 8, 2, 2, 1 << 40], device=DEV), source)
+    untouched = [c for c in range(8) if c not in (7, 2)]
+    assert torch.equal(result[:, untouched], self_[:, untouched])
+    assert torch.equal(result[:, 7], source[:, 0])
+    assert torch.equal(result[:, 2], source[:, 3]) or torch.equal(result[:, 2], source[:, 4])
+    scalar = torch.tensor(3.0, device=DEV).index_copy(0, torch.tensor(0, device=DEV), torch.tensor(-2.0, device=DEV))
+    assert scalar.shape == () and float(scalar) == -2.0
+    empty = torch.empty(0, dtype=torch.int64, device=DEV)
+    assert torch.equal(self_.index_copy(1, empty, source[:, :0]), self_)
+
+
+def test_index_copy_out_of_place_form_is_chosen_by_comparisons(monkeypatch):
+    """The search form while rows x index entries stay within SEARCH_MAX_PAIRS and ``self`` is dense."""
+    from flaggems.plugins.generic import index_copy as ic
+
+    modes = []
+
+    def spy(*args, **kwargs):
+        searched = kwargs.get("mode") == ic.INDEX_SEARCH
+        modes.append("search" if searched else "scatter" if kwargs["scatter"] else "gather")
+        return real(*args, **kwargs)
+
+    real = ic.index_along_dim
+    monkeypatch.setattr(ic, "index_along_dim", spy)
+    limit = ic.SEARCH_MAX_PAIRS
+    calls = {  # (self, dim, index length) -> the form
+        "a matrix, dim 1, at the limit": (torch.zeros(limit // 64 // 64, 64, device=DEV), 1, 64),
+        "a matrix, dim 0: rows of the first dim only": (torch.zeros(64, 2**16, device=DEV), 0, 32),
+        "1-D, over the limit": (torch.zeros(limit // 16, device=DEV), 0, 32),
+        "a transposed self (out is dense)": (torch.zeros(16, 64, device=DEV).t(), 1, 8),
+    }
+    with flaggems.enabled():
+        for x, dim, count in calls.values():
+            source_shape = list(x.shape)
+            source_shape[dim] = count
+            out = x.index_copy(dim, torch.arange(count, device=DEV), torch.ones(source_shape, device=DEV))
+            assert float(out.sum()) == out.numel() // x.shape[dim] * count
+    assert modes == ["search", "search", "scatter", "scatter"]
 
 
 def test_index_copy_by_inverse_is_chosen_by_size():

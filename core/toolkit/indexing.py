@@ -23,6 +23,10 @@ zeros there, or (given a ``fallback`` tensor: index_copy's inverse form) that
 tensor's element, or nothing at all when the fallback is the destination
 itself. Callers validate indices when checking is on.
 
+A search (``INDEX_SEARCH``) finds each row's ``j`` by comparing its position
+with every entry of a short index: index_copy's one-launch out-of-place form.
+Its tiles hold at most ``SEARCH_LANES`` row-and-entry pairs a step.
+
 :func:`scatter_or_gather` runs a scatter plan or a gather plan in one launch,
 whichever a flag in device memory (written by an earlier launch) picks: the
 host never reads the flag, and no launch is left empty.
@@ -78,8 +82,12 @@ _SCALARS = ("outer0", "outer1", "rows", "inner1", "cols", "col_tiles", "dim_size
             "idx_stride", "j_size", "divisor")
 _EITHER_SCALARS = ("scatter_tiles", "gather_tiles", *(side + name for side in ("s_", "g_") for name in _SCALARS))
 
-#: How the kernel finds ``index[j]``: a tensor, ``j // int``, or ``j // tensor[0]``.
-INDEX_TENSOR, INDEX_DIVIDE_INT, INDEX_DIVIDE_TENSOR = 0, 1, 2
+#: How the kernel finds ``index[j]``: a tensor, ``j // int``, ``j // tensor[0]``, or a search of a tensor
+#: for ``j`` (the last ``k < divisor`` with ``tensor[k] == j``; -1 where none: a scatter turned gather).
+INDEX_TENSOR, INDEX_DIVIDE_INT, INDEX_DIVIDE_TENSOR, INDEX_SEARCH = 0, 1, 2, 3
+#: A search's tile compares at most this many row-and-entry pairs a step (16 a thread at 8 warps). H200
+#: run 14: 1024 was no better (within 10% either way on 17 shapes).
+SEARCH_LANES = 4096
 #: What a gather writes where ``index[j]`` is invalid: zero, a fallback tensor's element, or nothing.
 FALLBACK_ZERO, FALLBACK_TENSOR, FALLBACK_KEEP = 0, 1, 2
 #: How a tile's rows split into ``(outer, j)``, dearest first (see :func:`_row_coordinates`).
@@ -106,7 +114,8 @@ def index_along_dim_kernel(a, b, idx, fallback,
                            BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr, SCATTER: tl.constexpr,
                            INT64: tl.constexpr, INDEX_MODE: tl.constexpr, A_LINEAR: tl.constexpr,
                            A_UNIT: tl.constexpr, B_UNIT: tl.constexpr, ALIGNED: tl.constexpr,
-                           FALLBACK: tl.constexpr, ROWS: tl.constexpr, WHOLE_TILES: tl.constexpr):
+                           FALLBACK: tl.constexpr, ROWS: tl.constexpr, WHOLE_TILES: tl.constexpr,
+                           SEARCH: tl.constexpr):
     """One ``BLOCK_R x BLOCK_C`` tile of ``[(outer, j), inner]`` per program (1-D grid).
 
     ``A_LINEAR``: ``a`` is row-major over the work (offset ``r * cols + c``);
@@ -116,12 +125,13 @@ def index_along_dim_kernel(a, b, idx, fallback,
     offset, ``FALLBACK_KEEP`` nothing (``fallback`` is ``a``). ``ROWS``: how a
     row splits into ``(outer, j)`` (``ROWS_*``, see :func:`_row_coordinates`).
     ``WHOLE_TILES``: the tiles cover the work exactly (no edge tile to mask).
+    ``SEARCH``: index entries compared per row and step (``INDEX_SEARCH``).
     """
     _index_tile(_narrow(tl.program_id(0), INT64), a, b, idx, fallback,
                 outer0, outer1, j_size, rows, inner1, cols, col_tiles, dim_size,
                 a_o0, a_o1, a_j, a_i0, a_i1, b_o0, b_o1, b_d, b_i0, b_i1, idx_stride, divisor,
                 BLOCK_R, BLOCK_C, SCATTER, INT64, INDEX_MODE, A_LINEAR, A_UNIT, B_UNIT, ALIGNED, FALLBACK, ROWS,
-                WHOLE_TILES)
+                WHOLE_TILES, SEARCH)
 
 
 @triton.jit(do_not_specialize=_EITHER_SCALARS)
@@ -162,13 +172,13 @@ def scatter_or_gather_kernel(a, b, idx, inverse, scatter_tiles: tl.int64, gather
                         s_outer0, s_outer1, s_j_size, s_rows, s_inner1, s_cols, s_col_tiles, s_dim_size,
                         s_a_o0, s_a_o1, s_a_j, s_a_i0, s_a_i1, s_b_o0, s_b_o1, s_b_d, s_b_i0, s_b_i1,
                         s_idx_stride, s_divisor, S_BLOCK_R, S_BLOCK_C, True, S_INT64, 0, S_A_LINEAR, S_A_UNIT,
-                        S_B_UNIT, S_ALIGNED, 0, S_ROWS, S_WHOLE_TILES)
+                        S_B_UNIT, S_ALIGNED, 0, S_ROWS, S_WHOLE_TILES, 1)
     elif pid < gather_tiles:
         _index_tile(_narrow(pid, G_INT64), b, a, inverse, b,
                     g_outer0, g_outer1, g_j_size, g_rows, g_inner1, g_cols, g_col_tiles, g_dim_size,
                     g_a_o0, g_a_o1, g_a_j, g_a_i0, g_a_i1, g_b_o0, g_b_o1, g_b_d, g_b_i0, g_b_i1,
                     g_idx_stride, g_divisor, G_BLOCK_R, G_BLOCK_C, False, G_INT64, 0, G_A_LINEAR, G_A_UNIT,
-                    G_B_UNIT, G_ALIGNED, 2, G_ROWS, G_WHOLE_TILES)
+                    G_B_UNIT, G_ALIGNED, 2, G_ROWS, G_WHOLE_TILES, 1)
 
 
 @triton.jit
@@ -176,7 +186,8 @@ def _index_tile(pid, a, b, idx, fallback, outer0, outer1, j_size, rows, inner1, 
                 a_o0, a_o1, a_j, a_i0, a_i1, b_o0, b_o1, b_d, b_i0, b_i1, idx_stride, divisor,
                 BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr, SCATTER: tl.constexpr, INT64: tl.constexpr,
                 INDEX_MODE: tl.constexpr, A_LINEAR: tl.constexpr, A_UNIT: tl.constexpr, B_UNIT: tl.constexpr,
-                ALIGNED: tl.constexpr, FALLBACK: tl.constexpr, ROWS: tl.constexpr, WHOLE_TILES: tl.constexpr):
+                ALIGNED: tl.constexpr, FALLBACK: tl.constexpr, ROWS: tl.constexpr, WHOLE_TILES: tl.constexpr,
+                SEARCH: tl.constexpr):
     """Tile ``pid`` of :func:`index_along_dim_kernel` (its arguments, documented there)."""
     # Not specialised for a grid of one column of tiles (``row_tile = pid``, no division): on the H200
     # that made the one-column inverse gathers slower (run 8, [4096, 4096] dim 1 fp16 sorted, at the
@@ -202,10 +213,13 @@ def _index_tile(pid, a, b, idx, fallback, outer0, outer1, j_size, rows, inner1, 
             target = tl.load(idx + j * _narrow(idx_stride, INT64), mask=row_ok, other=-1)
     elif INDEX_MODE == 1:  # repeat by a host integer
         target = j // _narrow(divisor, INT64)
-    else:  # repeat by a one-element tensor read on the device (no host sync)
+    elif INDEX_MODE == 2:  # repeat by a one-element tensor read on the device (no host sync)
         target = j // tl.maximum(tl.load(idx), 1)
+    else:  # the last entry of the ``divisor`` in ``idx`` equal to ``j``
+        target = _search(idx, _narrow(idx_stride, INT64), _narrow(divisor, INT64), j, SEARCH)
+    # Checked before narrowing: a 32-bit plan must not wrap an index of 2**32 + d onto d.
+    valid = row_ok & (target >= 0) & (target < dim_size)
     target = _narrow(target, INT64)
-    valid = row_ok & (target >= 0) & (target < _narrow(dim_size, INT64))
     b_row = _hint(o0 * _narrow(b_o0, INT64) + o1 * _narrow(b_o1, INT64) + target * _narrow(b_d, INT64), ALIGNED)
     b_off = b_row[:, None] + _columns(c, inner1, _narrow(b_i0, INT64), _narrow(b_i1, INT64), B_UNIT)[None, :]
     # One column (BLOCK_C 1, index_select/index_copy along the last dimension): ``a``'s rows are
@@ -230,6 +244,18 @@ def _index_tile(pid, a, b, idx, fallback, outer0, outer1, j_size, rows, inner1, 
     else:
         _move(a + a_off, b + b_off, fallback + a_off, valid[:, None] & col_ok[None, :],
               row_ok[:, None] & col_ok[None, :], SCATTER, True, FALLBACK)
+
+
+@triton.jit
+def _search(idx, idx_stride, n, j, LANES: tl.constexpr):
+    """Per row, the largest ``k < n`` with ``idx[k] == j`` (-1 where none), ``LANES`` entries a step."""
+    found = tl.full(j.shape, -1, j.dtype)
+    for start in range(0, n, LANES):
+        k = start + tl.arange(0, LANES)
+        entries = tl.load(idx + k * idx_stride, mask=k < n, other=-1)
+        hits = tl.where(entries[None, :] == j[:, None], k[None, :].to(j.dtype), -1)
+        found = tl.maximum(found, tl.max(hits, 1))
+    return found
 
 
 @triton.jit
@@ -360,8 +386,11 @@ def plan_index(a: torch.Tensor, b: torch.Tensor, dim: int, index: torch.Tensor, 
 
     ``mode`` says how ``index[j]`` is found (:data:`INDEX_TENSOR` reads
     ``index``; the divide modes compute ``j // divisor`` or ``j // index[0]``,
-    which is ``repeat_interleave`` by a constant). ``fallback``: what a gather
-    writes at invalid indices (``FALLBACK_*``; see :func:`index_along_dim`).
+    which is ``repeat_interleave`` by a constant; :data:`INDEX_SEARCH`, for a
+    gather, searches the ``divisor`` entries of ``index`` for ``j``: a short
+    scatter run as a gather over its destination, in one launch). ``fallback``:
+    what a gather writes at invalid indices (``FALLBACK_*``; see
+    :func:`index_along_dim`).
 
     Returns ``None`` when the layout needs more than two outer or two inner
     dimensions after collapsing (the caller then declines to native).
@@ -382,6 +411,8 @@ def plan_index(a: torch.Tensor, b: torch.Tensor, dim: int, index: torch.Tensor, 
     cols = i_sizes[0] * i_sizes[1]
     # the CPU interpreter runs programs one after another: there, fewer is faster
     block_r, block_c = _tile(rows, cols, j_size, 0 if a.device.type == "cpu" else MIN_PROGRAMS, a.element_size())
+    if mode == INDEX_SEARCH:  # each row compares with every index entry: one step of SEARCH_LANES a program
+        block_r = min(block_r, max(SEARCH_LANES // next_pow2(divisor), 1))
     col_tiles = cdiv(cols, block_c)
     tiles = cdiv(rows, block_r) * col_tiles
     a_unit, b_unit = _unit_inner(i_sizes, i_a), _unit_inner(i_sizes, i_b)
@@ -392,12 +423,17 @@ def plan_index(a: torch.Tensor, b: torch.Tensor, dim: int, index: torch.Tensor, 
                   "INT64": _needs_int64(a, b, rows * cols, (block_r + 1) * max(cols, 1)),
                   "A_LINEAR": a_linear, "A_UNIT": a_unit, "B_UNIT": b_unit, "ALIGNED": aligned,
                   "FALLBACK": fallback, "ROWS": _rows_form(o_sizes, j_size, block_r),
-                  "WHOLE_TILES": rows % block_r == 0 and cols % block_c == 0}
+                  "WHOLE_TILES": rows % block_r == 0 and cols % block_c == 0,
+                  "SEARCH": min(next_pow2(divisor), max(SEARCH_LANES // block_r, 1)) if mode == INDEX_SEARCH else 1}
     scalars = (o_sizes[0], o_sizes[1], j_size, rows, i_sizes[1], cols, col_tiles, b.shape[dim],
                o_a[0], o_a[1], a_st[dim], i_a[0], i_a[1], o_b[0], o_b[1], b_st[dim], i_b[0], i_b[1],
                index.stride(0) if index.dim() else 0, max(divisor, 1))
-    most = MERGED_GATHER_WARPS if fallback == FALLBACK_TENSOR and block_c == 1 else NUM_WARPS
-    warps = max(min(most, block_r * block_c // ELEMENTS_PER_WARP), 1)
+    if mode == INDEX_SEARCH:  # a warp per ELEMENTS_PER_WARP comparisons too (one warp was 2x slower)
+        work, most = block_r * max(block_c, constexprs["SEARCH"]), NUM_WARPS
+    else:
+        work = block_r * block_c
+        most = MERGED_GATHER_WARPS if fallback == FALLBACK_TENSOR and block_c == 1 else NUM_WARPS
+    warps = max(min(most, work // ELEMENTS_PER_WARP), 1)
     return IndexPlan(scalars, (tiles,), _launcher(warps, **constexprs))
 
 

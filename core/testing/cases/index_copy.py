@@ -35,9 +35,13 @@ def _cases():
     yield _case("dim1-3d-wide-rows", (3, 9, 130), 1, 4)
     yield _case("dim0-rows", (17, 7), 0, 9)
     yield _case("non-power-of-two", (5, 37, 3), 1, 23)
-    # 2**20 elements and a short dim: the inverse form (a gather over the destination), in and out of place.
-    yield _case("inverse-form-columns", (1024, 1024), 1, 300, torch.float16)
-    yield _case("inverse-form-dim0-of-3d", (64, 128, 128), 0, 20)
+    # Out of place, the generic plugin picks its form by the rows x index entries a search would compare
+    # (2**20 at most: one launch, a gather that searches the index) and by size (2**20 elements and a
+    # short dim: the inverse form, a gather over the destination; else a copy, then a scatter).
+    yield _case("inverse-form-columns", (1024, 1024), 1, 300, torch.float16)  # in place too
+    yield _case("inverse-form-dim0", (2048, 512), 0, 600)
+    yield _case("search-form-dim0-of-3d", (64, 128, 128), 0, 20)
+    yield _case("copy-then-scatter-1d", (65536,), 0, 40, torch.float16)
     f32 = torch.float32
     yield _strided("self-transposed", lambda d: values((9, 6), f32, d).t(), 1, lambda d: values((6, 3), f32, d),
                    [8, 0, 4])
