@@ -820,7 +820,8 @@ def test_index_copy_out_of_place_forms_edge_cases(out_of_place_form, unchecked):
     untouched = [c for c in range(8) if c not in (7, 2)]
     assert torch.equal(result[:, untouched], self_[:, untouched])
     assert torch.equal(result[:, 7], source[:, 0])
-    assert torch.equal(result[:, 2], source[:, 3]) or torch.equal(result[:, 2], source[:, 4])
+    # duplicates: each element is one of its candidates (the scatter races per element, as torch's does)
+    assert bool(((result[:, 2] == source[:, 3]) | (result[:, 2] == source[:, 4])).all())
     scalar = torch.tensor(3.0, device=DEV).index_copy(0, torch.tensor(0, device=DEV), torch.tensor(-2.0, device=DEV))
     assert scalar.shape == () and float(scalar) == -2.0
     empty = torch.empty(0, dtype=torch.int64, device=DEV)

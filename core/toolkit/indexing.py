@@ -217,9 +217,12 @@ def _index_tile(pid, a, b, idx, fallback, outer0, outer1, j_size, rows, inner1, 
         target = j // tl.maximum(tl.load(idx), 1)
     else:  # the last entry of the ``divisor`` in ``idx`` equal to ``j``
         target = _search(idx, _narrow(idx_stride, INT64), _narrow(divisor, INT64), j, SEARCH)
-    # Checked before narrowing: a 32-bit plan must not wrap an index of 2**32 + d onto d.
-    valid = row_ok & (target >= 0) & (target < dim_size)
-    target = _narrow(target, INT64)
+    if target.dtype.primitive_bitwidth > 32:  # range-checked before narrowing: 2**32 + d must not become d
+        valid = row_ok & (target.to(tl.uint64) < dim_size.to(tl.uint64))  # negative: huge, out of range
+        target = _narrow(target, INT64)
+    else:
+        target = _narrow(target, INT64)
+        valid = row_ok & (target >= 0) & (target < _narrow(dim_size, INT64))
     b_row = _hint(o0 * _narrow(b_o0, INT64) + o1 * _narrow(b_o1, INT64) + target * _narrow(b_d, INT64), ALIGNED)
     b_off = b_row[:, None] + _columns(c, inner1, _narrow(b_i0, INT64), _narrow(b_i1, INT64), B_UNIT)[None, :]
     # One column (BLOCK_C 1, index_select/index_copy along the last dimension): ``a``'s rows are
