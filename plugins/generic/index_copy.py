@@ -11,11 +11,11 @@ Small out-of-place calls take one launch instead (``_by_search``): a gather
 over the destination in which each row looks itself up in the index
 (``INDEX_SEARCH``), writing ``source``'s row where found and ``self``'s
 elsewhere. It applies while rows x index entries stay within
-``SEARCH_MAX_PAIRS``. H200 run 14, 17 shapes up to that bound, GPU time of a
-CUDA graph replay per call: 1.75-3.01 µs against 2.65-3.50 for the copy and
-scatter and 2.67-4.09 for torch; host time per call 17-20 against 24-31 µs
-(torch 21-27). At 2**21 pairs the search was slower on the GPU (4.2 against
-2.8 µs).
+``SEARCH_MAX_PAIRS``. H200 run 14, the 11 shapes measured up to that bound,
+GPU time of a CUDA graph replay per call: 1.75-3.01 µs against 2.65-3.50
+for the copy and scatter and 2.67-4.09 for torch; host time per call
+17.0-27.6 µs against 24.7-34.1 (torch 21.3-28.3). From 2**21 pairs on, the
+search was slower on the GPU (2**21: 4.16 against 2.82 µs).
 
 Large workloads turn the scatter around (``_by_inverse``): a small kernel
 records, for each position ``d`` along ``dim``, the ``j`` with ``index[j] == d``
