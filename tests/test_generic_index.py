@@ -59,6 +59,20 @@ def test_an_index_past_2_32_does_not_wrap_onto_a_valid_one(unchecked):
     assert torch.equal(x.index_copy(1, index, source), expected)
 
 
+def test_an_index_read_past_2_31_elements_takes_64_bit_offsets():
+    """A column of a huge index matrix is read at ``j * stride``: that offset decides the plan too."""
+    from flaggems.toolkit import indexing
+
+    meta = torch.device("meta")  # shapes and strides only, no memory
+    x = torch.empty(8, 16, device=meta)
+    out = torch.empty(8, 3, device=meta)
+    for stride, wide in ((2**20, False), (2**30, True)):
+        index = torch.empty_strided((3,), (stride,), dtype=torch.int64, device=meta)
+        for mode in (indexing.INDEX_TENSOR, indexing.INDEX_SEARCH):
+            plan = indexing.plan_index(out, x, 1, index, scatter=False, mode=mode, divisor=3)
+            assert plan.launcher.constexprs["INT64"] is wide, (stride, mode)
+
+
 def test_out_of_range_gather_writes_zeros(unchecked):
     x = torch.arange(12.0, device=DEV).reshape(3, 4)
     out = x.index_select(1, torch.tensor([1, 7], device=DEV))

@@ -424,7 +424,7 @@ def plan_index(a: torch.Tensor, b: torch.Tensor, dim: int, index: torch.Tensor, 
     row_strides = (*o_a, a_st[dim], *o_b, b_st[dim]) + ((cols,) if a_linear else ())
     aligned = all(st % 16 == 0 for st in row_strides) and (a_unit or a_linear) and b_unit
     constexprs = {"BLOCK_R": block_r, "BLOCK_C": block_c, "SCATTER": scatter, "INDEX_MODE": mode,
-                  "INT64": _needs_int64(a, b, rows * cols, (block_r + 1) * max(cols, 1)),
+                  "INT64": _needs_int64(a, b, index, rows * cols, (block_r + 1) * max(cols, 1)),
                   "A_LINEAR": a_linear, "A_UNIT": a_unit, "B_UNIT": b_unit, "ALIGNED": aligned,
                   "FALLBACK": fallback, "ROWS": _rows_form(o_sizes, j_size, block_r),
                   "WHOLE_TILES": rows % block_r == 0 and cols % block_c == 0,
@@ -465,10 +465,14 @@ def _row_major(sizes: tuple[int, ...], strides: tuple[int, ...]) -> bool:
     return True
 
 
-def _needs_int64(a: torch.Tensor, b: torch.Tensor, work: int, pad: int) -> bool:
-    """Any index or offset (a masked tile's overhang of ``pad`` included) reaching 2**31."""
+def _needs_int64(a: torch.Tensor, b: torch.Tensor, index: torch.Tensor, work: int, pad: int) -> bool:
+    """Any index or offset (a masked tile's overhang of ``pad`` included) reaching 2**31.
+
+    ``index`` counts too: a view with a large stride (a column of a big
+    matrix) is read at ``j * stride``.
+    """
     limit = INT32_LIMIT - pad
-    return work >= limit or any(span(t.shape, t.stride()) >= limit for t in (a, b))
+    return work >= limit or any(span(t.shape, t.stride()) >= limit for t in (a, b, index))
 
 
 #: Plans per geometry: planning costs ~10 µs of Python, a cached launch ~3 µs.
