@@ -216,7 +216,7 @@ def _index_tile(pid, a, b, idx, fallback, outer0, outer1, j_size, rows, inner1, 
         target = j // _narrow(divisor, INT64)
     elif INDEX_MODE == 2:  # repeat by a one-element tensor read on the device (no host sync)
         target = j // tl.maximum(tl.load(idx), 1)
-    else:  # the last entry of the ``divisor`` in ``idx`` equal to ``j``
+    else:  # search: the last of the first ``divisor`` entries of ``idx`` equal to ``j``
         target = _search(idx, _narrow(idx_stride, INT64), _narrow(divisor, INT64), j, SEARCH)
     if target.dtype.primitive_bitwidth > 32:  # range-checked before narrowing: 2**32 + d must not become d
         valid = row_ok & (target.to(tl.uint64) < dim_size.to(tl.uint64))  # negative: huge, out of range
