@@ -842,6 +842,21 @@ def test_index_copy_out_of_place_forms_edge_cases(out_of_place_form, unchecked):
     assert torch.equal(self_.index_copy(1, empty, source[:, :0]), self_)
 
 
+def test_index_copy_out_of_place_forms_with_zero_strides(out_of_place_form, unchecked):
+    """A broadcast source (zero stride along the outer dimension) and an index of one repeated position."""
+    self_ = torch.arange(60.0, device=DEV).reshape(6, 10)
+    source = -torch.arange(1.0, 5.0, device=DEV).reshape(1, 4).expand(6, 4)
+    index = torch.tensor([7, 0, 3, 9], device=DEV)
+    with native_scope():
+        expected = self_.index_copy(1, index, source.contiguous())
+    assert torch.equal(self_.index_copy(1, index, source), expected)
+    repeated = torch.tensor([5], device=DEV).expand(4)  # stride 0: four entries, all 5
+    result = self_.index_copy(1, repeated, source)
+    untouched = [c for c in range(10) if c != 5]
+    assert torch.equal(result[:, untouched], self_[:, untouched])
+    assert bool(torch.isin(result[:, 5], source[0]).all())
+
+
 def test_index_copy_out_of_place_form_is_chosen_by_comparisons(monkeypatch):
     """The search form while rows x index entries stay within SEARCH_MAX_PAIRS and ``self`` is dense."""
     from flaggems.plugins.generic import index_copy as ic
