@@ -784,19 +784,35 @@ def test_inverse_flags_a_decreasing_index(case, inverse_always):
         assert torch.equal(inverse.cpu() >= 0, expected >= 0)
 
 
-@pytest.fixture(params=["search", "copy-then-scatter"])
+def _spy_forms(monkeypatch) -> list[str]:
+    """The forms index_copy's kernel calls take from now on: ``search``, ``scatter`` or ``gather``, in order."""
+    from flaggems.plugins.generic import index_copy as ic
+
+    forms, real = [], ic.index_along_dim
+
+    def spy(*args, **kwargs):
+        searched = kwargs.get("mode") == ic.INDEX_SEARCH
+        forms.append("search" if searched else "scatter" if kwargs["scatter"] else "gather")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(ic, "index_along_dim", spy)
+    return forms
+
+
+@pytest.fixture(params=["search", "scatter"], ids=["search", "copy-then-scatter"])
 def out_of_place_form(monkeypatch, request, small_index_tiles):
     """index_copy out of place by one of its two small-workload forms, whatever the size.
 
     The search form compares 4 index entries a step (rows then take several
-    steps, the last one partial); the inverse form is never taken.
+    steps, the last one partial); the inverse form is never taken. Yields the
+    form and the list of forms the calls took.
     """
     from flaggems.plugins.generic import index_copy as ic
 
     monkeypatch.setattr(ic, "SEARCH_MAX_PAIRS", 1 << 62 if request.param == "search" else 0)
     monkeypatch.setattr(ic, "INVERSE_MIN_ELEMENTS", 1 << 62)
     monkeypatch.setattr(small_index_tiles, "SEARCH_LANES", 4)
-    return request.param
+    return request.param, _spy_forms(monkeypatch)
 
 
 SEARCH_CASES = {  # (shape, dim, index length): rows x columns of the work in 16-element tiles
@@ -824,6 +840,8 @@ def test_index_copy_out_of_place_forms(case, dtype, out_of_place_form, unchecked
         expected = self_.index_copy(dim, index, source)
     assert torch.equal(self_.index_copy(dim, index, source), expected)
     assert torch.equal(self_.index_copy(dim, strided_index, transposed), expected)
+    form, taken = out_of_place_form
+    assert taken == [form, form]  # the form under test ran, not the other one
 
 
 def test_index_copy_out_of_place_forms_edge_cases(out_of_place_form, unchecked):
@@ -861,15 +879,7 @@ def test_index_copy_out_of_place_form_is_chosen_by_comparisons(monkeypatch):
     """The search form while rows x index entries stay within SEARCH_MAX_PAIRS and ``self`` is dense."""
     from flaggems.plugins.generic import index_copy as ic
 
-    modes = []
-
-    def spy(*args, **kwargs):
-        searched = kwargs.get("mode") == ic.INDEX_SEARCH
-        modes.append("search" if searched else "scatter" if kwargs["scatter"] else "gather")
-        return real(*args, **kwargs)
-
-    real = ic.index_along_dim
-    monkeypatch.setattr(ic, "index_along_dim", spy)
+    modes = _spy_forms(monkeypatch)
     limit = ic.SEARCH_MAX_PAIRS
     calls = {  # (self, dim, index length) -> the form
         "a matrix, dim 1, at the limit": (torch.zeros(limit // 64 // 64, 64, device=DEV), 1, 64),
