@@ -107,6 +107,10 @@ REGISTRY: dict[str, EnvVar] = {
                "Group a large random 1-D scatter (1-, 2- or 4-byte elements, 4+ stores per "
                "32-byte sector) by destination region before writing it (index_copy; two n-pair "
                "workspaces). 0: the plain scatter.", parse_bool),
+        EnvVar("FLAGGEMS_DEPENDENT_LAUNCH", "bool", True,
+               "Let a kernel that reads the previous kernel's output start while that one finishes "
+               "(programmatic dependent launch: NVIDIA compute capability 9.0+, e.g. repeat_interleave's "
+               "expand after its scan). 0: plain stream order.", parse_bool),
     )
 }
 

@@ -1,0 +1,91 @@
+"""Programmatic dependent launch: let a kernel start while the one before it finishes.
+
+Two kernels on one stream normally run strictly in order: the second is
+launched only once the first has completed and its writes are flushed, and
+that hand-over costs GPU time between them. On NVIDIA sm_90 and later a
+kernel launched with Triton's ``launch_pdl=True`` may start early; it calls
+:func:`gdc_wait` before touching anything the previous kernel writes, and
+that wait returns once the previous kernel has completed with its writes
+visible. The previous kernel may call :func:`gdc_launch_dependents` to let
+the next one start even earlier (its programs then wait, resident, at
+``gdc_wait``).
+
+Only the launch right after the primary is relaxed: the primary itself was
+launched in plain stream order, so everything before it has completed when
+the dependent kernel starts. A kernel written this way must call
+``gdc_wait`` before its first load or store of memory any earlier kernel
+may touch (its output included: it may be memory freed by a kernel just
+before).
+
+Use it in a kernel behind a constexpr, so that other backends and the
+interpreter never see the instruction::
+
+    if DEPENDENT:
+        gdc_wait()
+
+and pass ``launch_pdl=True`` with ``DEPENDENT=True`` only where
+:func:`dependent_launch` says so. ``FLAGGEMS_DEPENDENT_LAUNCH=0`` turns it off.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+
+from .. import config
+
+try:
+    from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
+except ImportError:  # a Triton without grid dependency control: kernels keep their constexpr off
+
+    @triton.jit
+    def gdc_wait() -> None:
+        """Stand-in: never traced, since :func:`dependent_launch` is False without the real one."""
+
+    @triton.jit
+    def gdc_launch_dependents() -> None:
+        """Stand-in: never traced, since :func:`dependent_launch` is False without the real one."""
+
+    _GDC = False
+else:
+    _GDC = True
+
+_BY_DEVICE: dict[int, bool] = {}
+
+
+def _triton_has_pdl_option() -> bool:
+    try:
+        from triton.backends.nvidia.compiler import CUDAOptions
+    except ImportError:
+        return False
+    return "launch_pdl" in getattr(CUDAOptions, "__dataclass_fields__", {})
+
+
+def _available(device: int) -> bool:
+    from ..runtime import RUNTIME
+
+    if device < 0 or not _GDC or torch.version.hip is not None or RUNTIME.active_backend().interpreter:
+        return False
+    if not config.get("FLAGGEMS_DEPENDENT_LAUNCH") or not _triton_has_pdl_option():
+        return False
+    return torch.cuda.get_device_capability(device)[0] >= 9
+
+
+def dependent_launch(device: int) -> bool:
+    """True when kernels on CUDA device ``device`` may be launched with ``launch_pdl=True``.
+
+    ``device`` is a device index (``tensor.get_device()``; negative for CPU,
+    which is always False). Decided once per device: an NVIDIA GPU of
+    compute capability 9.0 or more, a Triton with grid dependency control,
+    and ``FLAGGEMS_DEPENDENT_LAUNCH`` not turned off. After that, a dict
+    lookup per call.
+    """
+    ok = _BY_DEVICE.get(device)
+    if ok is None:
+        ok = _BY_DEVICE[device] = _available(device)
+    return ok
+
+
+def reset() -> None:
+    """Forget the per-device answers (after changing ``FLAGGEMS_DEPENDENT_LAUNCH``)."""
+    _BY_DEVICE.clear()
