@@ -11,6 +11,7 @@ from conftest import run_compiled
 import flaggems
 from flaggems.binding import native_scope
 from flaggems.toolkit import checks
+from flaggems.toolkit.dependent_launch import dependent_launch
 from flaggems.toolkit.workspace import zeroed_scratch
 
 DEV = torch.device(flaggems.backend().device_type)
@@ -264,7 +265,7 @@ def test_wide_rows_take_a_tile_of_fixed_bytes():
 
 
 def test_merged_one_column_gathers_get_more_warps():
-    """Only the one-column gather with a fallback load (out-of-place index_copy's inverse form) takes 16 warps."""
+    """A one-column gather with a fallback load (index_copy's inverse form) takes 16 warps; 1-2 wide rows, 4."""
     from flaggems.toolkit import indexing
 
     def warps(dim: int, fallback: int) -> int:
@@ -276,7 +277,10 @@ def test_merged_one_column_gathers_get_more_warps():
 
     assert warps(1, indexing.FALLBACK_TENSOR) == indexing.MERGED_GATHER_WARPS == 16
     assert warps(1, indexing.FALLBACK_KEEP) == warps(1, indexing.FALLBACK_ZERO) == indexing.NUM_WARPS
-    assert warps(0, indexing.FALLBACK_TENSOR) == indexing.NUM_WARPS  # wide rows: not measured to gain
+    assert warps(0, indexing.FALLBACK_TENSOR) == indexing.FEW_ROWS_WARPS  # two 8 KiB rows a tile
+    eight_rows = indexing.plan_index(torch.empty(64, 256, 512), torch.empty(64, 512, 512), 1,
+                                     torch.empty(256, dtype=torch.int64), scatter=True)  # 2 KiB fp32 rows
+    assert eight_rows.launcher.constexprs["BLOCK_R"] == 8 and eight_rows.launcher.options["num_warps"] == 8
 
 
 @pytest.fixture
@@ -296,7 +300,7 @@ def small_tiles(monkeypatch):
     monkeypatch.setattr(ri, "LOOKBACK", 2)
     monkeypatch.setattr(ri, "TILE", 2)
     monkeypatch.setattr(ri, "_LAUNCHERS", {})
-    monkeypatch.setattr(ri, "_SCAN", [])
+    monkeypatch.setattr(ri, "_SCAN", {})
     return ri
 
 
@@ -367,7 +371,7 @@ def test_scan_state_is_zeroed_when_the_expand_fails(unchecked, small_tiles, monk
     repeats = torch.tensor([3, 0, 4, 2, 5, 1, 1, 7, 2], device=DEV)
     total = int(repeats.sum())
 
-    def failing_launcher(gather, table):
+    def failing_launcher(gather, table, dependent):
         def launch(*args):
             raise RuntimeError("expand failed")
         return launch
@@ -388,7 +392,7 @@ def test_expand_wrong_output_size_stays_in_bounds(size_error, unchecked, small_t
     total = int(repeats.sum()) + size_error
     buffer = torch.full((total + 4,), -7, dtype=torch.int64, device=DEV)
     out = buffer[2:-2]  # launched on a view: its neighbours must stay -7
-    small_tiles._launcher(False, False)((-(-total // 8),), torch.cumsum(repeats, 0), out, out, total, 5,
+    small_tiles._launcher(False, False, False)((-(-total // 8),), torch.cumsum(repeats, 0), out, out, total, 5,
                                         small_tiles._rank_steps(5), 0, out, 0)
     assert buffer[:2].tolist() == [-7, -7] and buffer[-2:].tolist() == [-7, -7]
     assert bool(((out >= 0) & (out < 5)).all())
@@ -420,14 +424,15 @@ def test_expand_invalid_repeats_write_every_position_in_range(unchecked, small_t
         for table in (False, True):
             out = torch.full((total,), -7, dtype=torch.int64, device=DEV)
             chunks, status = (3, zeroed_scratch(repeats, 3)) if table else (0, out)
+            dependent = table and dependent_launch(repeats.get_device())
             if table:
-                ends = small_tiles._scan(repeats, total, status)
+                ends = small_tiles._scan(repeats, total, status, dependent)
                 ends[9:] = torch.randint(-(2**40), 2**40, (3,), generator=gen).to(DEV).where(
                     torch.rand(3, generator=gen).to(DEV) < 0.5, ends[9:])
             else:
                 ends = torch.cumsum(repeats, 0)
-            small_tiles._launcher(False, table)((3,), ends, out, out, total, 9, small_tiles._rank_steps(9), 0,
-                                                status, chunks)
+            expand = small_tiles._launcher(False, table, dependent)
+            expand((3,), ends, out, out, total, 9, small_tiles._rank_steps(9), 0, status, chunks)
             assert bool(((out >= 0) & (out < 9)).all()), (repeats.tolist(), table, out.tolist())
             assert not bool(status[:chunks].any()), "the expand left the scan's status set"
 
@@ -498,6 +503,39 @@ def test_known_output_size_captures_in_cuda_graph(gpu_default_checks):
     assert torch.equal(values, torch.repeat_interleave(x, flipped, output_size=items))
     assert torch.equal(rows_out, torch.repeat_interleave(flipped, output_size=items))
     assert not torch.equal(values, reference)
+
+
+@CUDA
+@pytest.mark.parametrize("dependent", ["1", "0"], ids=["dependent-launch", "stream-order"])
+def test_back_to_back_known_size_calls_see_their_own_scan(dependent, gpu_default_checks, monkeypatch):
+    """Many calls queued without a sync, each expand launched to overlap its scan where the GPU allows.
+
+    An expand that read its scan's ends before they were written (a missing
+    wait) would show here as wrong rows in some of the 40 outputs.
+    """
+    from flaggems.plugins.generic import repeat_interleave as ri
+    from flaggems.toolkit import dependent_launch as dl
+
+    monkeypatch.setenv("FLAGGEMS_DEPENDENT_LAUNCH", dependent)
+    dl.reset()
+    gen = torch.Generator().manual_seed(8)
+    rows, items = 17096, 854524
+    repeats = [seed_repeats(rows, items, "cuda")[torch.randperm(rows, generator=gen).cuda()] for _ in range(40)]
+    values = torch.randn(rows, device="cuda")
+    try:
+        with flaggems.enabled():
+            torch.cuda.synchronize()
+            outs = [torch.repeat_interleave(values, r, output_size=items) if i % 2 else
+                    torch.repeat_interleave(r, output_size=items) for i, r in enumerate(repeats)]
+        overlapped = dl.dependent_launch(0)
+    finally:
+        dl.reset()
+    assert overlapped == (dependent == "1" and torch.version.hip is None
+                          and torch.cuda.get_device_capability(0)[0] >= 9)
+    assert ((False, True, True) in ri._LAUNCHERS) or not overlapped
+    for i, (r, out) in enumerate(zip(repeats, outs, strict=True)):
+        rows_out = native_repeat_interleave(r, output_size=items)
+        assert torch.equal(out, values[rows_out] if i % 2 else rows_out), i
 
 
 @CUDA

@@ -61,12 +61,21 @@ MIN_PROGRAMS = 1024
 MIN_TILE = 1024
 ELEMENTS_PER_WARP = 256
 #: Tiles whose rows are this wide or wider (bytes) hold ``WIDE_TILE_BYTES`` rather than ``TILE``
-#: elements: 64 bytes a thread at 8 warps, whatever the dtype. H200 run 13 (with WHOLE_TILES, medians
+#: elements, whatever the dtype. H200 run 13 (with WHOLE_TILES, medians
 #: of 3 rounds): index_select dim 0 of [4096, 4096] fp16 14.56 -> 14.14 µs, bf16 14.56 -> 14.18 (two
 #: rows a tile), of [8192, 2048] fp32 23.58 -> 23.01; index_copy_ [1024]^3 dim 1 fp16 (2 KiB rows)
 #: 535 -> 541. A standalone kernel showed the same: two rows a program 13.1 µs, one 14.1.
 WIDE_ROW_BYTES = 2048
 WIDE_TILE_BYTES = 16384
+#: Warps for a wide tile of at most ``FEW_ROWS`` rows (rows of 8 KiB or more). Its loads wait on one or
+#: two index reads; at 4 warps twice as many programs share an SM and hide that wait. H200 run 15,
+#: do_bench medians of 3-5 interleaved rounds, 8 -> 4 warps (torch): index_select dim 0 of [4096, 4096]
+#: fp16 14.02 -> 13.12 µs (14.94) and 14.66 -> 13.31 (15.17) in two runs, bf16 14.56 -> 13.66 (14.37),
+#: fp32 22.85 -> 22.37 (22.69) and 22.78 -> 23.23 (22.82): noise; [8192, 2048] fp32 23.33 -> 22.37
+#: (23.84). Tiles of 8 rows lost 2% at 4 warps (index_copy [1024]^3 dim 1 fp16 1028 -> 1049 µs,
+#: index_copy_ [64, 512, 512] dim 1 fp32 22.1 -> 22.6): they keep ``NUM_WARPS``.
+FEW_ROWS = 2
+FEW_ROWS_WARPS = 4
 #: Warps for a one-column gather that merges a fallback load (index_copy's out-of-place inverse
 #: form along the last dimension). H200, [4096, 4096] dim 1, kernel µs with 8 -> 16 warps
 #: (run 7): sorted block fp16 64.2 -> 50.5, fp32 69.9 -> 56.2; random fp16 51.6 -> 58.1, fp32
@@ -434,6 +443,8 @@ def plan_index(a: torch.Tensor, b: torch.Tensor, dim: int, index: torch.Tensor, 
                index.stride(0) if index.dim() else 0, max(divisor, 1))
     if mode == INDEX_SEARCH:  # a warp per ELEMENTS_PER_WARP comparisons too (one warp was 2x slower)
         work, most = block_r * max(block_c, constexprs["SEARCH"]), NUM_WARPS
+    elif block_r <= FEW_ROWS and block_c * a.element_size() >= WIDE_ROW_BYTES:
+        work, most = block_r * block_c, FEW_ROWS_WARPS
     else:
         work = block_r * block_c
         most = MERGED_GATHER_WARPS if fallback == FALLBACK_TENSOR and block_c == 1 else NUM_WARPS
