@@ -11,6 +11,9 @@
 * :func:`~.workspace.zeroed_scratch` (:mod:`.workspace`): per-stream zeroed
   state for kernels whose programs coordinate, which they leave zeroed (no
   memset launch per call; CUDA-graph safe).
+* :func:`~.dependent_launch.dependent_launch` (:mod:`.dependent_launch`):
+  whether a kernel may start while the one before it finishes
+  (programmatic dependent launch on NVIDIA sm_90+), with the in-kernel wait.
 
 Importing this package imports Triton; select the backend (``flaggems.backend()``)
 first so that the CPU interpreter is set up before any kernel is decorated.
