@@ -424,7 +424,7 @@ def test_expand_invalid_repeats_write_every_position_in_range(unchecked, small_t
         for table in (False, True):
             out = torch.full((total,), -7, dtype=torch.int64, device=DEV)
             chunks, status = (3, zeroed_scratch(repeats, 3)) if table else (0, out)
-            dependent = table and dependent_launch(repeats.get_device())
+            dependent = table and dependent_launch(repeats)
             if table:
                 ends = small_tiles._scan(repeats, total, status, dependent)
                 ends[9:] = torch.randint(-(2**40), 2**40, (3,), generator=gen).to(DEV).where(
@@ -527,7 +527,7 @@ def test_back_to_back_known_size_calls_see_their_own_scan(dependent, gpu_default
             torch.cuda.synchronize()
             outs = [torch.repeat_interleave(values, r, output_size=items) if i % 2 else
                     torch.repeat_interleave(r, output_size=items) for i, r in enumerate(repeats)]
-        overlapped = dl.dependent_launch(0)
+        overlapped = dl.dependent_launch(repeats[0])
     finally:
         dl.reset()
     assert overlapped == (dependent == "1" and torch.version.hip is None

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 import torch
 
@@ -18,24 +20,62 @@ def fresh_answers():
     dl.reset()
 
 
-def test_never_for_cpu_tensors():
-    assert dl.dependent_launch(-1) is False
+def test_never_off_cuda(monkeypatch):
+    """CPU tensors (and any other non-CUDA device) never ask the CUDA runtime anything."""
+    monkeypatch.setattr(dl, "_available", lambda device: pytest.fail("asked about a non-CUDA device"))
+    assert dl.dependent_launch(torch.empty(1)) is False
+    assert dl.dependent_launch(torch.empty(1, device="meta")) is False
 
 
+@pytest.fixture
+def hopper(monkeypatch):
+    """A compiled (not interpreted) backend on an sm_90 device with a Triton that has ``launch_pdl``."""
+    from flaggems.runtime import RUNTIME
+
+    if torch.version.hip is not None or not dl._GDC:
+        pytest.skip("ROCm torch or a Triton without grid dependency control")
+    monkeypatch.setattr(RUNTIME, "active_backend", lambda: SimpleNamespace(interpreter=False))
+    monkeypatch.setattr(dl, "_triton_has_pdl_option", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device: (9, 0))
+    monkeypatch.delenv("FLAGGEMS_DEPENDENT_LAUNCH", raising=False)
+
+
+def test_the_decision(hopper, monkeypatch):
+    assert dl._available(0) is True
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device: (8, 0))
+    assert dl._available(0) is False
+
+
+def test_a_failing_capability_query_means_no(hopper, monkeypatch):
+    def broken(device):
+        raise RuntimeError("no driver")
+
+    monkeypatch.setattr(torch.cuda, "get_device_capability", broken)
+    assert dl._available(0) is False
+
+
+def test_turned_off_by_the_environment(hopper, monkeypatch):
+    monkeypatch.setenv("FLAGGEMS_DEPENDENT_LAUNCH", "0")
+    assert dl._available(0) is False
+
+
+def test_never_under_the_interpreter(hopper, monkeypatch):
+    from flaggems.runtime import RUNTIME
+
+    monkeypatch.setattr(RUNTIME, "active_backend", lambda: SimpleNamespace(interpreter=True))
+    assert dl._available(0) is False
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_the_answer_is_cached_per_device(monkeypatch):
     calls = []
     monkeypatch.setattr(dl, "_available", lambda device: calls.append(device) or False)
-    assert not dl.dependent_launch(-1) and not dl.dependent_launch(-1)
-    assert calls == [-1]
-
-
-def test_turned_off_by_the_environment(monkeypatch):
-    monkeypatch.setenv("FLAGGEMS_DEPENDENT_LAUNCH", "0")
-    devices = [-1] + list(range(torch.cuda.device_count()))
-    assert not any(dl.dependent_launch(d) for d in devices)
+    x = torch.empty(1, device="cuda")
+    assert not dl.dependent_launch(x) and not dl.dependent_launch(x)
+    assert calls == [x.get_device()]
 
 
 @SM90
 def test_on_by_default_on_hopper(monkeypatch):
     monkeypatch.delenv("FLAGGEMS_DEPENDENT_LAUNCH", raising=False)
-    assert dl.dependent_launch(0) is True
+    assert dl.dependent_launch(torch.empty(1, device="cuda")) is True

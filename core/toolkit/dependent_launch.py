@@ -64,22 +64,27 @@ def _triton_has_pdl_option() -> bool:
 def _available(device: int) -> bool:
     from ..runtime import RUNTIME
 
-    if device < 0 or not _GDC or torch.version.hip is not None or RUNTIME.active_backend().interpreter:
+    if not _GDC or torch.version.hip is not None or RUNTIME.active_backend().interpreter:
         return False
     if not config.get("FLAGGEMS_DEPENDENT_LAUNCH") or not _triton_has_pdl_option():
         return False
-    return torch.cuda.get_device_capability(device)[0] >= 9
+    try:
+        return torch.cuda.get_device_capability(device)[0] >= 9
+    except Exception:  # noqa: BLE001 - a driver that cannot answer: plain stream order still works
+        return False
 
 
-def dependent_launch(device: int) -> bool:
-    """True when kernels on CUDA device ``device`` may be launched with ``launch_pdl=True``.
+def dependent_launch(like: torch.Tensor) -> bool:
+    """True when kernels working on ``like``'s device may be launched with ``launch_pdl=True``.
 
-    ``device`` is a device index (``tensor.get_device()``; negative for CPU,
-    which is always False). Decided once per device: an NVIDIA GPU of
-    compute capability 9.0 or more, a Triton with grid dependency control,
-    and ``FLAGGEMS_DEPENDENT_LAUNCH`` not turned off. After that, a dict
-    lookup per call.
+    Always False off CUDA (CPU, NPU, XPU and ROCm tensors). Decided once
+    per CUDA device: compute capability 9.0 or more, a Triton with grid
+    dependency control, and ``FLAGGEMS_DEPENDENT_LAUNCH`` not turned off.
+    After that, a dict lookup per call.
     """
+    if not like.is_cuda:
+        return False
+    device = like.get_device()
     ok = _BY_DEVICE.get(device)
     if ok is None:
         ok = _BY_DEVICE[device] = _available(device)

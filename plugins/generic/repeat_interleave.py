@@ -411,7 +411,7 @@ def _expand(repeats: torch.Tensor, output_size: int | None, values: torch.Tensor
         return out
     chunks = cdiv(n, CHUNK)
     status = zeroed_scratch(repeats, chunks)
-    dependent = dependent_launch(repeats.get_device())
+    dependent = dependent_launch(repeats)
     ends = _scan(repeats, total, status, dependent)
     try:
         _launcher(gather, True, dependent)((cdiv(total, BLOCK),), ends, out, values if gather else out, total, n, 0,
