@@ -308,8 +308,9 @@ def _scan_kernel(repeats, repeats_stride, ends, status, n, total: tl.int64,
     ``status`` (a word per chunk) is zero at the start; the expand kernel
     that follows zeroes it again (the ``zeroed_scratch`` contract), so no
     memset precedes the launch and a CUDA graph can replay the pair. With
-    ``DEPENDENT`` it lets the expand start at once: its programs wait for
-    this launch's completion (``gdc_wait``) and meanwhile cost only launch work.
+    ``DEPENDENT`` it lets the expand start at once: the expand's programs
+    wait (``gdc_wait``) for this launch to complete, resident on SMs that
+    this launch's few programs leave free.
     """
     if DEPENDENT:
         gdc_launch_dependents()
