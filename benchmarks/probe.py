@@ -11,7 +11,8 @@ Sections:
 * ``repeat``: ``repeat_interleave`` at the seed size and larger, kernel time
   (``do_bench``) and host time per call, torch and flaggems.
   ``repeat_stages``: the expand kernel alone from 1 to 854524 rows;
-  ``repeat_sweep``: its ``SUB``.
+  ``repeat_sweep``: its ``SUB``; ``repeat_host``: how host time leaks into
+  ``do_bench``, against a replayed CUDA graph's GPU time.
 * ``group_norm``: ``F.group_norm`` forward, the native backward and
   forward+backward; per-kernel GPU time from the profiler.
   ``group_norm_sweep``: ``TILE`` x ``NUM_WARPS`` x ``PROGRAMS_PER_SM``;
@@ -116,6 +117,101 @@ def probe_repeat() -> None:
     both("repeat self_int 4096x64 x4", lambda: y.repeat_interleave(4, dim=0))
 
 
+def _spin(us: float) -> None:
+    """Busy-wait ``us`` µs on the host: a slower host, simulated."""
+    end = time.perf_counter_ns() + int(us * 1e3)
+    while time.perf_counter_ns() < end:
+        pass
+
+
+def graph_us(fn: Callable[[], object], calls: int = 20, rounds: int = 5) -> float:
+    """GPU µs a call, host excluded: a CUDA graph of ``calls`` calls replayed (median of ``rounds``)."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, stream=stream):
+        for _ in range(calls):
+            fn()
+    graph.replay()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(rounds):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) * 1e3 / calls)
+    return statistics.median(times)
+
+
+def probe_repeat_host() -> None:
+    """How host time leaks into ``do_bench``'s kernel time, for the seed repeat_interleave cases.
+
+    Per case and side: do_bench with a busy-wait of 0-80 µs added before each
+    call (a slower host), wall time per call, and (known sizes) the GPU time
+    of a replayed CUDA graph, which no host speed changes. Then the host cost
+    of our known-size call taken apart: routed, called directly, the two
+    launches alone, and a pass-through Python kernel of torch's own.
+    """
+    from flaggems.plugins.generic import repeat_interleave as ri
+
+    rows, items = 17096, 854524
+    repeats = torch.full((rows,), items // rows, dtype=torch.int64, device="cuda")
+    repeats[: items % rows] += 1
+    x = torch.arange(rows, device="cuda")
+    y = torch.randn(4096, 64, device="cuda").to(torch.bfloat16)
+    cases = {
+        "Tensor known": (True, lambda: torch.repeat_interleave(repeats, output_size=items)),
+        "values known": (True, lambda: torch.repeat_interleave(x, repeats, output_size=items)),
+        "Tensor dynamic": (False, lambda: torch.repeat_interleave(repeats)),
+        "values dynamic": (False, lambda: torch.repeat_interleave(x, repeats)),
+        "self_int bf16 4096x64 x4": (True, lambda: y.repeat_interleave(4, dim=0)),
+    }
+    for label, (graphable, fn) in cases.items():
+        for side in ("torch", "ours"):
+            (flaggems.enable if side == "ours" else flaggems.disable)()
+            try:
+                row = {f"spin{d}_us": kernel_us(lambda d=d, f=fn: (_spin(d), f())) for d in (0, 20, 40, 60, 80)}
+                row["spin_alone_40_us"] = kernel_us(lambda: _spin(40))
+                row["wall_us"] = host_us(fn)
+                if graphable:
+                    row["graph_us"] = graph_us(fn)
+            finally:
+                flaggems.disable()
+            RESULTS[f"repeat host {label} {side}"] = row
+            print(f"repeat host {label:28s} {side:5s} " + " ".join(f"{k}={v:.2f}" for k, v in row.items()),
+                  flush=True)
+    status_words = triton.cdiv(rows, ri.CHUNK)
+    parts = {
+        "routed": lambda: torch.repeat_interleave(repeats, output_size=items),
+        "direct function": lambda: ri.repeat_interleave_tensor(repeats, items),
+        "torch.empty of the output": lambda: torch.empty(items, dtype=torch.int64, device="cuda"),
+        "zeroed_scratch lookup": lambda: ri.zeroed_scratch(repeats, status_words),
+        "dependent_launch lookup": lambda: ri.dependent_launch(repeats),
+    }
+    for label, fn in parts.items():
+        if label == "routed":
+            flaggems.enable()
+        RESULTS[f"repeat host part {label}"] = value = host_us(fn, 2000)
+        flaggems.disable()
+        print(f"repeat host part {label:40s} wall_us={value:.2f}", flush=True)
+    from flaggems.binding import NativeKernel
+
+    library = torch.library.Library("aten", "IMPL")
+    native = NativeKernel.capture("repeat_interleave.Tensor", "CUDA")
+    library.impl("repeat_interleave.Tensor", lambda *a, native=native, **k: native(*a, **k), "CUDA")
+    try:
+        value = host_us(lambda: torch.repeat_interleave(repeats, output_size=items), 2000)
+    finally:
+        library._destroy()
+    RESULTS["repeat host part pass-through Python kernel"] = value
+    print(f"repeat host part {'pass-through Python kernel':40s} wall_us={value:.2f}", flush=True)
+
+
 def probe_repeat_parts() -> None:
     """The seed's known-size Tensor case taken apart: torch's cumsum, our kernel alone, per-kernel GPU time."""
     from flaggems.plugins.generic import repeat_interleave as ri
@@ -127,8 +223,8 @@ def probe_repeat_parts() -> None:
     out = torch.empty(items, dtype=torch.int64, device="cuda")
     grid = (triton.cdiv(items, ri.BLOCK),)
     both("parts: torch.cumsum alone", lambda: torch.cumsum(repeats, 0), routed=False)
-    ours("parts: expand kernel alone", lambda: ri._launcher(False)(grid, ends, out, out, items, rows,
-                                                                    ri._rank_steps(rows), 0))
+    ours("parts: expand kernel alone", lambda: ri._launcher(False, False, False)(
+        grid, ends, out, out, items, rows, ri._rank_steps(rows), 0, out, 0))
     call = lambda: torch.repeat_interleave(repeats, output_size=items)  # noqa: E731
     for side, routed in (("ours", True), ("torch", False)):
         RESULTS[f"parts: {side} kernels"] = kernels = _profile_kernels(call, routed)
@@ -150,11 +246,11 @@ def _time_stages(label: str, items: int, cases: dict[int, tuple[torch.Tensor, to
     from flaggems.plugins.generic import repeat_interleave as ri
 
     out = torch.empty(items, dtype=torch.int64, device="cuda")
-    grid, launch = (triton.cdiv(items, ri.BLOCK),), ri._launcher(False)
+    grid, launch = (triton.cdiv(items, ri.BLOCK),), ri._launcher(False, False, False)
     for rows, (repeats, ends) in cases.items():
         steps = ri._rank_steps(rows)
         ours(f"{label}{items} items {rows} rows",
-             lambda e=ends, r=rows, s=steps: launch(grid, e, out, out, items, r, s, 0))
+             lambda e=ends, r=rows, s=steps: launch(grid, e, out, out, items, r, s, 0, out, 0))
         RESULTS[f"{label}{items} items {rows} rows equal to torch"] = same = bool(torch.equal(
             out, torch.repeat_interleave(repeats, output_size=items)))
         if not same:
@@ -808,7 +904,7 @@ def probe_kernel_stats() -> None:
 
 SECTIONS = {
     "repeat": (probe_repeat,), "repeat_parts": (probe_repeat_parts,), "repeat_stages": (probe_repeat_stages,),
-    "repeat_sweep": (probe_repeat_sweep,),
+    "repeat_sweep": (probe_repeat_sweep,), "repeat_host": (probe_repeat_host,),
     "group_norm": (probe_group_norm,), "group_norm_host": (probe_group_norm_host,),
     "group_norm_sweep": (probe_group_norm_sweep,),
     "index": (probe_index,), "index_sweep": (probe_index_sweep,),

@@ -385,6 +385,44 @@ def test_scan_state_is_zeroed_when_the_expand_fails(unchecked, small_tiles, monk
                        native_repeat_interleave(repeats.cpu()))
 
 
+@pytest.mark.parametrize("rows", [1, 5, 37, 130])
+def test_dynamic_size_scan_summary(rows, unchecked, small_tiles):
+    """Without output_size the scan also writes the total and the smallest negative repeat (many chunks);
+    a negative repeat in any chunk raises torch's error, and the status words end zeroed either way.
+    """
+    gen = torch.Generator().manual_seed(rows)
+    values = torch.arange(rows, device=DEV) * 10
+    for high in (1, 3, 12):
+        repeats = torch.randint(0, high, (rows,), generator=gen).to(DEV)
+        expected = native_repeat_interleave(repeats.cpu())
+        assert torch.equal(torch.repeat_interleave(repeats).cpu(), expected), (rows, high)
+        assert torch.equal(torch.repeat_interleave(values, repeats).cpu(), values.cpu()[expected]), (rows, high)
+        assert not bool(zeroed_scratch(repeats, 1).any())
+    for at in sorted({0, rows // 2, rows - 1}):
+        repeats = torch.randint(0, 5, (rows,), generator=gen)
+        repeats[at] = -1
+        with pytest.raises(RuntimeError, match="repeats can not be negative"):
+            torch.repeat_interleave(repeats.to(DEV))
+        assert not bool(zeroed_scratch(values, 1).any()), at
+
+
+def test_dynamic_size_scan_state_is_zeroed_when_the_expand_fails(unchecked, small_tiles, monkeypatch):
+    """Without output_size: an expand that raises after the scan and the sync must not leave status set."""
+    repeats = torch.tensor([3, 0, 4, 2, 5, 1, 1, 7, 2], device=DEV)
+
+    def failing_launcher(gather, table, dependent):
+        def launch(*args):
+            raise RuntimeError("expand failed")
+        return launch
+
+    with monkeypatch.context() as patch:
+        patch.setattr(small_tiles, "_launcher", failing_launcher)
+        with pytest.raises(RuntimeError, match="expand failed"):
+            torch.repeat_interleave(repeats)
+    assert not bool(zeroed_scratch(repeats, 1).any())
+    assert torch.equal(torch.repeat_interleave(repeats).cpu(), native_repeat_interleave(repeats.cpu()))
+
+
 @pytest.mark.parametrize("size_error", [-5, 7])
 def test_expand_wrong_output_size_stays_in_bounds(size_error, unchecked, small_tiles):
     """Whatever output_size says, only [0, output_size) is written, with row ids in [0, n)."""

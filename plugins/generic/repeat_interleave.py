@@ -11,8 +11,9 @@
   launch of our own scan (``_scan_kernel``: chunks of rows, each adding its
   predecessors' sums by a decoupled look-back) writes both: the ends, and a
   table of each block's first row (a row stores its own number at the first
-  block starting inside it). Without, ``torch.cumsum`` gives the ends and a
-  program finds its first and last rows by a ``FANOUT``-ary search
+  block starting inside it). Without, the same scan gives the ends, the
+  total and the smallest repeat (read in the one sync), and a program
+  finds its first and last rows by a ``FANOUT``-ary search
   (``FANOUT`` ends compared per step: two steps for 65536 rows). Then the
   rows of each ``SUB``-element sub-block's ends are found among the block's
   rows, then each element's row among its sub-block's few (int32 offsets,
@@ -176,8 +177,8 @@ def _expand_kernel(ends, out, values, total: tl.int64, n, rank_steps, values_str
     are read from the table the scan wrote after ``ends`` (``_scan_kernel``),
     otherwise searched (``_rank``). Rows are int32 offsets from the block's
     first row (the host declines ``n >= 2**31``): the per-element search is
-    most of the kernel's instructions. With ``TABLE`` the programs also zero
-    the scan's ``chunks`` status words, which the scan left set. With
+    most of the kernel's instructions. The programs also zero the scan's
+    ``chunks`` status words, which the scan left set (none: ``chunks`` 0). With
     ``DEPENDENT`` (a programmatic dependent launch after the scan) it waits
     for the scan's writes before touching memory.
     """
@@ -185,11 +186,11 @@ def _expand_kernel(ends, out, values, total: tl.int64, n, rank_steps, values_str
         gdc_wait()
     block = tl.program_id(0)
     p0 = block.to(tl.int64) * BLOCK
+    # int64 bounds: past 2**21 programs, block * BLOCK overflows int32 (and once wrote below status).
+    for start in range(p0, chunks, tl.num_programs(0).to(tl.int64) * BLOCK):
+        words = start + tl.arange(0, BLOCK)
+        tl.store(status + words, tl.zeros((BLOCK,), dtype=tl.int64), mask=words < chunks)
     if TABLE:
-        # int64 bounds: past 2**21 programs, block * BLOCK overflows int32 (and once wrote below status).
-        for start in range(p0, chunks, tl.num_programs(0).to(tl.int64) * BLOCK):
-            words = start + tl.arange(0, BLOCK)
-            tl.store(status + words, tl.zeros((BLOCK,), dtype=tl.int64), mask=words < chunks)
         # Entries are unspecified only for a wrong output_size: clamped, they keep every load in bounds.
         table = ends + n
         first = tl.minimum(tl.maximum(tl.load(table + block), 0), n - 1)
@@ -297,7 +298,7 @@ def _mark_first_rows(ends, table, rows, row_ends, counts, live, chunk_start, chu
 @triton.jit(do_not_specialize=("repeats_stride", "n", "total"))
 def _scan_kernel(repeats, repeats_stride, ends, status, n, total: tl.int64,
                  CHUNK: tl.constexpr, BLOCK: tl.constexpr, LOOKBACK: tl.constexpr, TILE: tl.constexpr,
-                 DEPENDENT: tl.constexpr):
+                 DEPENDENT: tl.constexpr, SUMMARY: tl.constexpr):
     """``ends`` = the running sum of ``repeats``, and after it the table of each output block's first row.
 
     One launch, ``CHUNK`` rows a program: a chunk publishes its sum, adds its
@@ -310,7 +311,10 @@ def _scan_kernel(repeats, repeats_stride, ends, status, n, total: tl.int64,
     memset precedes the launch and a CUDA graph can replay the pair. With
     ``DEPENDENT`` it lets the expand start at once: the expand's programs
     wait (``gdc_wait``) for this launch to complete, resident on SMs that
-    this launch's few programs leave free.
+    this launch's few programs leave free. With ``SUMMARY`` (the output
+    size unknown: ``total`` is 0 and no table is written) the two words after
+    the chunks' receive the sum of ``repeats`` (from the last chunk) and the
+    smallest negative repeat (0 if none), for the host to read in one copy.
     """
     if DEPENDENT:
         gdc_launch_dependents()
@@ -324,6 +328,13 @@ def _scan_kernel(repeats, repeats_stride, ends, status, n, total: tl.int64,
     local_ends = tl.cumsum(counts, 0)  # while the predecessors publish
     before = _rows_before(status, chunk, LOOKBACK)
     _publish(status + chunk, _INCLUSIVE, before + total_here)
+    if SUMMARY:
+        summary = status + tl.num_programs(0)
+        if chunk == tl.num_programs(0) - 1:
+            tl.store(summary, before + total_here)
+        smallest = tl.min(counts, 0)
+        if smallest < 0:
+            tl.atomic_min(summary + 1, smallest, sem="relaxed")
     row_ends = before + local_ends
     tl.store(ends + rows, row_ends, mask=live)
     chunk_rows = tl.minimum(n - chunk_start, CHUNK).to(tl.int32)
@@ -353,33 +364,68 @@ def _launcher(gather: bool, table: bool, dependent: bool) -> FastLauncher:
     return launcher
 
 
-_SCAN: dict[bool, FastLauncher] = {}
+_SCAN: dict[tuple[bool, bool], FastLauncher] = {}
 
 
-def _scan(repeats: torch.Tensor, total: int, status: torch.Tensor, dependent: bool) -> torch.Tensor:
+def _scan(repeats: torch.Tensor, total: int, status: torch.Tensor, dependent: bool,
+          summary: bool = False) -> torch.Tensor:
     """Row ends, then each of the ``cdiv(total, BLOCK)`` output blocks' first rows: one launch, no sync.
 
-    Leaves ``status`` set: the expand launched next zeroes it.
+    Leaves ``status`` set: the expand launched next zeroes it. ``summary``
+    (with ``total`` 0): also the sum and the smallest negative repeat, in the
+    two status words after the chunks' (``_scan_kernel``).
     """
-    launcher = _SCAN.get(dependent)
+    launcher = _SCAN.get((dependent, summary))
     if launcher is None:
-        launcher = _SCAN[dependent] = FastLauncher(
+        launcher = _SCAN[dependent, summary] = FastLauncher(
             _scan_kernel, {"CHUNK": CHUNK, "BLOCK": BLOCK, "LOOKBACK": LOOKBACK, "TILE": TILE,
-                           "DEPENDENT": dependent}, num_warps=NUM_WARPS)
+                           "DEPENDENT": dependent, "SUMMARY": summary}, num_warps=NUM_WARPS)
     n = repeats.shape[0]
     ends = torch.empty(n + cdiv(total, BLOCK), dtype=torch.int64, device=repeats.device)
     launcher((cdiv(n, CHUNK),), repeats, repeats.stride(0), ends, status, n, total)
     return ends
 
 
-def _checked_total(repeats: torch.Tensor, last_end: torch.Tensor, output_size: int | None) -> int:
-    """The output length read with the smallest repeat (one sync); torch's errors for bad input."""
-    total, smallest = torch.stack((last_end, repeats.min().to(torch.int64))).tolist()
+def _checked_output_size(repeats: torch.Tensor, output_size: int) -> None:
+    """Checks on: torch's errors for negative repeats or a wrong ``output_size`` (one sync)."""
+    total, smallest = torch.stack((repeats.sum(), repeats.min().to(torch.int64))).tolist()
     if smallest < 0:
         raise RuntimeError("repeats can not be negative")
-    if output_size is not None and output_size != total:
+    if output_size != total:
         raise RuntimeError("allocated size does not match required size")
-    return total
+
+
+def _expand_dynamic(repeats: torch.Tensor, values: torch.Tensor | None) -> torch.Tensor:
+    """:func:`_expand` without ``output_size``: our scan, then the one sync that reads its summary.
+
+    The scan writes the ends and, in two more status words, the total and the
+    smallest negative repeat; one copy reads both. Against ``torch.cumsum``
+    plus a separate minimum, that is one launch instead of four before the
+    sync. The expand (searching each block's first row: no table without the
+    total) zeroes the status words, summary included; a failure in between
+    zeroes them here.
+    """
+    n = repeats.shape[0]
+    chunks = cdiv(n, CHUNK)
+    words = chunks + 2
+    status = zeroed_scratch(repeats, words)
+    ends = _scan(repeats, 0, status, False, summary=True)
+    source = repeats if values is None else values
+    try:
+        total, smallest = status[chunks:words].tolist()
+        if smallest < 0:
+            raise RuntimeError("repeats can not be negative")
+        out = torch.empty(total, dtype=source.dtype, device=source.device)
+        if not total:
+            status[:words].zero_()
+            return out
+        gather = values is not None
+        _launcher(gather, False, False)((cdiv(total, BLOCK),), ends, out, values if gather else out, total, n,
+                                        _rank_steps(n), values.stride(0) if gather else 0, status, words)
+    except BaseException:  # the scan's status words must not outlive it
+        status[:words].zero_()
+        raise
+    return out
 
 
 def _expand(repeats: torch.Tensor, output_size: int | None, values: torch.Tensor | None) -> torch.Tensor:
@@ -388,28 +434,21 @@ def _expand(repeats: torch.Tensor, output_size: int | None, values: torch.Tensor
     With ``output_size`` the ends come from :func:`_scan` with the blocks'
     first rows (two launches in all, the output allocated before them, so
     that nothing between them can fail and leave the scan's status set);
-    without, from ``torch.cumsum`` and the one sync that reads the total, and
-    the expand searches the first rows.
+    without, see :func:`_expand_dynamic`.
     """
     n = repeats.shape[0]
     if n >= 2**31:
         raise Decline("2**31 or more repeats: the kernel's row offsets are int32")
     if output_size is None:
-        ends = torch.cumsum(repeats, 0)
-        total = _checked_total(repeats, ends[-1], None)
-    else:
-        total = output_size
-        if checks.enabled():
-            _checked_total(repeats, repeats.sum(), output_size)
+        return _expand_dynamic(repeats, values)
+    total = output_size
+    if checks.enabled():
+        _checked_output_size(repeats, output_size)
     source = repeats if values is None else values
     out = torch.empty(total, dtype=source.dtype, device=source.device)
     if not total:
         return out
     gather = values is not None
-    if output_size is None:
-        _launcher(gather, False, False)((cdiv(total, BLOCK),), ends, out, values if gather else out, total, n,
-                                 _rank_steps(n), values.stride(0) if gather else 0, out, 0)
-        return out
     chunks = cdiv(n, CHUNK)
     status = zeroed_scratch(repeats, chunks)
     dependent = dependent_launch(repeats)
