@@ -12,7 +12,8 @@ Sections:
   (``do_bench``) and host time per call, torch and flaggems.
   ``repeat_stages``: the expand kernel alone from 1 to 854524 rows;
   ``repeat_sweep``: its ``SUB``; ``repeat_host``: how host time leaks into
-  ``do_bench``, against a replayed CUDA graph's GPU time.
+  ``do_bench``, against a replayed CUDA graph's GPU time; ``repeat_modes``:
+  where a slow process's known-size call loses its time (run it in several).
 * ``group_norm``: ``F.group_norm`` forward, the native backward and
   forward+backward; per-kernel GPU time from the profiler.
   ``group_norm_sweep``: ``TILE`` x ``NUM_WARPS`` x ``PROGRAMS_PER_SM``;
@@ -210,6 +211,72 @@ def probe_repeat_host() -> None:
         library._destroy()
     RESULTS["repeat host part pass-through Python kernel"] = value
     print(f"repeat host part {'pass-through Python kernel':40s} wall_us={value:.2f}", flush=True)
+
+
+def _current_cpu() -> int:
+    """The CPU this process last ran on (field 39 of /proc/self/stat)."""
+    with open("/proc/self/stat") as handle:
+        return int(handle.read().rsplit(")", 1)[1].split()[36])
+
+
+def probe_repeat_modes() -> None:
+    """Why one process's bench of the known-size seed case takes 11 µs and another's 22-33.
+
+    ``do_bench`` three times per side, then 200 calls timed as ``do_bench``
+    times them (an L2 flush, a start event, the call, an end event) with an
+    event recorded right after the scan's launch and host clocks at the
+    launches: whether a slow process loses its time on the GPU (the scan or
+    the expand) or waiting for the host to submit the expand.
+    """
+    from flaggems.plugins.generic import repeat_interleave as ri
+
+    rows, items = 17096, 854524
+    repeats = torch.full((rows,), items // rows, dtype=torch.int64, device="cuda")
+    repeats[: items % rows] += 1
+    fn = lambda: torch.repeat_interleave(repeats, output_size=items)  # noqa: E731
+    row: dict[str, object] = {"cpu": _current_cpu()}
+    for side in ("torch", "ours"):
+        (flaggems.enable if side == "ours" else flaggems.disable)()
+        row[f"{side}_do_bench_us"] = [round(kernel_us(fn), 2) for _ in range(3)]
+    flaggems.enable()
+    scan, marks = ri._scan, {}
+
+    def marked_scan(*args, **kwargs):
+        ends = scan(*args, **kwargs)
+        marks["host_scan"] = time.perf_counter()
+        marks["mid"].record()
+        return ends
+
+    flush = torch.empty(256 * 2**20, dtype=torch.int8, device="cuda")
+    samples: dict[str, list[float]] = {k: [] for k in ("flush", "to_scan_done", "scan_done_to_end", "total",
+                                                         "host_to_scan", "host_scan_to_return")}
+    ri._scan = marked_scan
+    try:
+        for _ in range(220):
+            events = [torch.cuda.Event(enable_timing=True) for _ in range(4)]
+            marks["mid"] = events[2]
+            events[0].record()
+            flush.zero_()
+            events[1].record()
+            t0 = time.perf_counter()
+            fn()
+            t1 = time.perf_counter()
+            events[3].record()
+            events[3].synchronize()
+            samples["flush"].append(events[0].elapsed_time(events[1]) * 1e3)
+            samples["to_scan_done"].append(events[1].elapsed_time(events[2]) * 1e3)
+            samples["scan_done_to_end"].append(events[2].elapsed_time(events[3]) * 1e3)
+            samples["total"].append(events[1].elapsed_time(events[3]) * 1e3)
+            samples["host_to_scan"].append((marks["host_scan"] - t0) * 1e6)
+            samples["host_scan_to_return"].append((t1 - marks["host_scan"]) * 1e6)
+    finally:
+        ri._scan = scan
+        flaggems.disable()
+    for key, values in samples.items():
+        row[f"{key}_us"] = round(statistics.median(values[20:]), 2)
+    row["cpu_after"] = _current_cpu()
+    RESULTS["repeat modes"] = row
+    print("repeat modes " + " ".join(f"{k}={v}" for k, v in row.items()), flush=True)
 
 
 def probe_repeat_parts() -> None:
@@ -905,6 +972,7 @@ def probe_kernel_stats() -> None:
 SECTIONS = {
     "repeat": (probe_repeat,), "repeat_parts": (probe_repeat_parts,), "repeat_stages": (probe_repeat_stages,),
     "repeat_sweep": (probe_repeat_sweep,), "repeat_host": (probe_repeat_host,),
+    "repeat_modes": (probe_repeat_modes,),
     "group_norm": (probe_group_norm,), "group_norm_host": (probe_group_norm_host,),
     "group_norm_sweep": (probe_group_norm_sweep,),
     "index": (probe_index,), "index_sweep": (probe_index_sweep,),
