@@ -191,7 +191,7 @@ def probe_repeat_host() -> None:
         "routed": lambda: torch.repeat_interleave(repeats, output_size=items),
         "direct function": lambda: ri.repeat_interleave_tensor(repeats, items),
         "torch.empty of the output": lambda: torch.empty(items, dtype=torch.int64, device="cuda"),
-        "zeroed_scratch lookup": lambda: ri.zeroed_scratch(repeats, status_words),
+        "claim_scratch lookup": lambda: ri.claim_scratch(repeats, status_words),
         "dependent_launch lookup": lambda: ri.dependent_launch(repeats),
     }
     for label, fn in parts.items():

@@ -385,6 +385,49 @@ def test_scan_state_is_zeroed_when_the_expand_fails(unchecked, small_tiles, monk
                        native_repeat_interleave(repeats.cpu()))
 
 
+
+@pytest.mark.parametrize("known_size", [True, False], ids=["output_size", "dynamic"])
+def test_another_thread_between_scan_and_expand_waits(known_size, unchecked, small_tiles, monkeypatch):
+    """Two threads on one stream: a call of the other thread must not run its scan between this
+    thread's scan and expand (Triton's launch releases the GIL), or it would read status words still
+    set. The first thread pauses after its scan until the second finishes, at most 1 s: the second
+    must wait for the first's expand instead, and both results must be right.
+    """
+    import threading
+
+    first = torch.tensor([3, 1, 4, 1, 5, 9, 2, 6, 5, 3], device=DEV)  # 3 chunks of 4 rows
+    second = torch.tensor([2, 7, 1, 8, 2, 8, 1, 8, 2], device=DEV)
+    sizes = {"first": int(first.sum()), "second": int(second.sum())}
+    real_scan = small_tiles._scan
+    first_scanned, second_done = threading.Event(), threading.Event()
+    results: dict[str, torch.Tensor] = {}
+
+    def scan_then_pause(*args, **kwargs):
+        ends = real_scan(*args, **kwargs)
+        if threading.current_thread().name == "first":
+            first_scanned.set()
+            second_done.wait(timeout=1.0)
+        return ends
+
+    def call(name: str, repeats: torch.Tensor) -> None:
+        if name == "second":
+            first_scanned.wait(timeout=10.0)
+        size = sizes[name] if known_size else None
+        results[name] = torch.repeat_interleave(repeats, output_size=size)
+        if name == "second":
+            second_done.set()
+
+    monkeypatch.setattr(small_tiles, "_scan", scan_then_pause)
+    threads = [threading.Thread(target=call, args=(name, repeats), name=name)
+               for name, repeats in (("first", first), ("second", second))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+    assert torch.equal(results["first"].cpu(), native_repeat_interleave(first.cpu()))
+    assert torch.equal(results["second"].cpu(), native_repeat_interleave(second.cpu()))
+    assert not bool(zeroed_scratch(first, 1).any())
+
 @pytest.mark.parametrize("rows", [1, 5, 37, 130])
 def test_dynamic_size_scan_summary(rows, unchecked, small_tiles):
     """Without output_size the scan also writes the total and the smallest negative repeat (many chunks);

@@ -244,12 +244,26 @@ def test_zeroed_scratch_is_one_buffer_per_stream_and_grows_keeping_the_old():
     assert workspace.zeroed_scratch(like, 10).data_ptr() == bigger.data_ptr()
 
 
+def test_claim_scratch_is_the_same_buffer_with_one_lock_per_stream():
+    from flaggems.toolkit import workspace
+
+    like = torch.empty(1, device=DEVICE)
+    buffer, lock = workspace.claim_scratch(like, 10)
+    assert buffer.data_ptr() == workspace.zeroed_scratch(like, 10).data_ptr()
+    again, same_lock = workspace.claim_scratch(like, 10)
+    assert again.data_ptr() == buffer.data_ptr() and same_lock is lock
+    with lock:
+        assert lock.locked()
+    assert not lock.locked()
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_zeroed_scratch_differs_between_streams():
     from flaggems.toolkit import workspace
 
     like = torch.empty(1, device="cuda")
-    here = workspace.zeroed_scratch(like, 10)
+    here, here_lock = workspace.claim_scratch(like, 10)
     with torch.cuda.stream(torch.cuda.Stream()):
         there = workspace.zeroed_scratch(like, 10)
-    assert here.data_ptr() != there.data_ptr()
+        there_lock = workspace.claim_scratch(like, 10)[1]
+    assert here.data_ptr() != there.data_ptr() and here_lock is not there_lock

@@ -10,7 +10,8 @@
   plugin tuning (``flaggems_tuning`` key ``"elementwise"``).
 * :func:`~.workspace.zeroed_scratch` (:mod:`.workspace`): per-stream zeroed
   state for kernels whose programs coordinate, which they leave zeroed (no
-  memset launch per call; CUDA-graph safe).
+  memset launch per call; CUDA-graph safe); :func:`~.workspace.claim_scratch`
+  adds the stream's lock, held across launches that share the state.
 * :func:`~.dependent_launch.dependent_launch` (:mod:`.dependent_launch`):
   whether a kernel may start while the one before it finishes
   (programmatic dependent launch on NVIDIA sm_90+), with the in-kernel wait.

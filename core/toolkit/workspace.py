@@ -11,6 +11,12 @@ does, by the launch that follows it on the same stream). Calls on one stream
 run in order, so the next caller finds it zeroed; another stream gets another
 buffer.
 
+A caller whose launches are more than one (the state set by the first, reset
+by the last) takes the buffer with :func:`claim_scratch` and holds its lock
+from the first launch to the last: another thread on the same stream could
+otherwise put its own launches in between (Triton's launch releases the GIL),
+and they would find the state set.
+
 A CUDA graph captured around such launches holds the buffer's address and
 stays correct on replay, since the launches reset the buffer themselves. A buffer
 that is outgrown is kept alive (a captured graph may still use it) and a
@@ -19,6 +25,8 @@ run concurrently on different streams (they would share one buffer).
 """
 
 from __future__ import annotations
+
+import threading
 
 import torch
 
@@ -29,6 +37,7 @@ MIN_WORDS = 4096
 
 _BUFFERS: dict[tuple[str, int, int], torch.Tensor] = {}
 _OUTGROWN: list[torch.Tensor] = []
+_LOCKS: dict[tuple[str, int, int], threading.Lock] = {}
 
 
 def _stream_key(like: torch.Tensor) -> tuple[str, int, int]:
@@ -39,14 +48,7 @@ def _stream_key(like: torch.Tensor) -> tuple[str, int, int]:
     return (device.type, index, _device().stream(index))
 
 
-def zeroed_scratch(like: torch.Tensor, words: int) -> torch.Tensor:
-    """An int64 buffer of at least ``words`` zeros on ``like``'s device, for the current stream.
-
-    The caller's launches must leave every word they touched zero when they end.
-    The first call per stream (or one that needs more words) allocates it with
-    ``torch.zeros``; later calls are one dictionary lookup.
-    """
-    key = _stream_key(like)
+def _buffer(key: tuple[str, int, int], like: torch.Tensor, words: int) -> torch.Tensor:
     buffer = _BUFFERS.get(key)
     if buffer is None or buffer.numel() < words:
         if buffer is not None:
@@ -54,3 +56,28 @@ def zeroed_scratch(like: torch.Tensor, words: int) -> torch.Tensor:
         size = max(words, MIN_WORDS, 2 * buffer.numel() if buffer is not None else 0)
         buffer = _BUFFERS[key] = torch.zeros(size, dtype=torch.int64, device=like.device)
     return buffer
+
+
+def zeroed_scratch(like: torch.Tensor, words: int) -> torch.Tensor:
+    """An int64 buffer of at least ``words`` zeros on ``like``'s device, for the current stream.
+
+    The caller's launches must leave every word they touched zero when they end.
+    The first call per stream (or one that needs more words) allocates it with
+    ``torch.zeros``; later calls are one dictionary lookup.
+    """
+    return _buffer(_stream_key(like), like, words)
+
+
+def claim_scratch(like: torch.Tensor, words: int) -> tuple[torch.Tensor, threading.Lock]:
+    """:func:`zeroed_scratch`'s buffer and the current stream's lock on it.
+
+    Hold the lock (``with lock:``) from the first launch that sets words to
+    the last that zeroes them: a call of another thread on the same stream
+    then waits instead of launching in between. One lock per stream, so
+    threads on different streams never wait for each other.
+    """
+    key = _stream_key(like)
+    lock = _LOCKS.get(key)
+    if lock is None:
+        lock = _LOCKS.setdefault(key, threading.Lock())
+    return _buffer(key, like, words), lock

@@ -58,10 +58,13 @@
   expand start only as the scan's programs exit (no early trigger): 8.22
   and 8.74.
 * **Scan state**: the scan's status words live in
-  :func:`flaggems.toolkit.workspace.zeroed_scratch` (one buffer per stream, so
+  :func:`flaggems.toolkit.workspace.claim_scratch` (one buffer per stream, so
   concurrent streams do not share it). The expand zeroes them again, and the
   output is allocated before the scan, so nothing between the two launches can
-  fail and leave them set; a CUDA graph of the pair replays correctly.
+  fail and leave them set; a CUDA graph of the pair replays correctly. The
+  stream's lock is held from the scan's launch to the expand's: a call of
+  another thread on the same stream waits rather than scanning in between,
+  where it would find the words set.
 * **Never out of bounds**: a wrong ``output_size`` or a negative repeat can
   only produce unspecified values inside the output. With checks on (CPU
   interpreter, ``FLAGGEMS_CHECK_INDICES=1``) they raise torch's RuntimeError.
@@ -85,7 +88,7 @@ from flaggems.toolkit.dependent_launch import dependent_launch, gdc_launch_depen
 from flaggems.toolkit.indexing import INDEX_DIVIDE_INT, INDEX_DIVIDE_TENSOR, index_along_dim
 from flaggems.toolkit.launch import FastLauncher
 from flaggems.toolkit.strided import SUPPORTED_DTYPES
-from flaggems.toolkit.workspace import zeroed_scratch
+from flaggems.toolkit.workspace import claim_scratch
 
 #: Output elements per program, and the warps that write them. With the scan's table (output_size
 #: known), H200, GPU time of the expand kernel (profiler, seed case): BLOCK 2048: 5.23 µs,
@@ -408,23 +411,24 @@ def _expand_dynamic(repeats: torch.Tensor, values: torch.Tensor | None) -> torch
     n = repeats.shape[0]
     chunks = cdiv(n, CHUNK)
     words = chunks + 2
-    status = zeroed_scratch(repeats, words)
-    ends = _scan(repeats, 0, status, False, summary=True)
+    status, lock = claim_scratch(repeats, words)
     source = repeats if values is None else values
-    try:
-        total, smallest = status[chunks:words].tolist()
-        if smallest < 0:
-            raise RuntimeError("repeats can not be negative")
-        out = torch.empty(total, dtype=source.dtype, device=source.device)
-        if not total:
+    with lock:
+        ends = _scan(repeats, 0, status, False, summary=True)
+        try:
+            total, smallest = status[chunks:words].tolist()
+            if smallest < 0:
+                raise RuntimeError("repeats can not be negative")
+            out = torch.empty(total, dtype=source.dtype, device=source.device)
+            if not total:
+                status[:words].zero_()
+                return out
+            gather = values is not None
+            _launcher(gather, False, False)((cdiv(total, BLOCK),), ends, out, values if gather else out, total,
+                                            n, _rank_steps(n), values.stride(0) if gather else 0, status, words)
+        except BaseException:  # the scan's status words must not outlive it
             status[:words].zero_()
-            return out
-        gather = values is not None
-        _launcher(gather, False, False)((cdiv(total, BLOCK),), ends, out, values if gather else out, total, n,
-                                        _rank_steps(n), values.stride(0) if gather else 0, status, words)
-    except BaseException:  # the scan's status words must not outlive it
-        status[:words].zero_()
-        raise
+            raise
     return out
 
 
@@ -450,15 +454,16 @@ def _expand(repeats: torch.Tensor, output_size: int | None, values: torch.Tensor
         return out
     gather = values is not None
     chunks = cdiv(n, CHUNK)
-    status = zeroed_scratch(repeats, chunks)
+    status, lock = claim_scratch(repeats, chunks)
     dependent = dependent_launch(repeats)
-    ends = _scan(repeats, total, status, dependent)
-    try:
-        _launcher(gather, True, dependent)((cdiv(total, BLOCK),), ends, out, values if gather else out, total, n, 0,
-                                values.stride(0) if gather else 0, status, chunks)
-    except BaseException:  # e.g. the expand failed to compile: the scan's status words must not outlive it
-        status[:chunks].zero_()
-        raise
+    with lock:
+        ends = _scan(repeats, total, status, dependent)
+        try:
+            _launcher(gather, True, dependent)((cdiv(total, BLOCK),), ends, out, values if gather else out, total,
+                                               n, 0, values.stride(0) if gather else 0, status, chunks)
+        except BaseException:  # e.g. the expand failed to compile: the scan's status words must not outlive it
+            status[:chunks].zero_()
+            raise
     return out
 
 
