@@ -385,13 +385,15 @@ def test_scan_state_is_zeroed_when_the_expand_fails(unchecked, small_tiles, monk
                        native_repeat_interleave(repeats.cpu()))
 
 
-
 @pytest.mark.parametrize("known_size", [True, False], ids=["output_size", "dynamic"])
 def test_another_thread_between_scan_and_expand_waits(known_size, unchecked, small_tiles, monkeypatch):
     """Two threads on one stream: a call of the other thread must not run its scan between this
     thread's scan and expand (Triton's launch releases the GIL), or it would read status words still
     set. The first thread pauses after its scan until the second finishes, at most 1 s: the second
-    must wait for the first's expand instead, and both results must be right.
+    must wait for the first's expand instead, and both results must be right. Without the lock, in the
+    interpreter the dynamic case goes wrong (the second call zeroes the first's total before it is read);
+    the known-size case only on a GPU, by chance (the interpreter runs the chunks in order, so each
+    publishes before the next looks back).
     """
     import threading
 
@@ -427,6 +429,7 @@ def test_another_thread_between_scan_and_expand_waits(known_size, unchecked, sma
     assert torch.equal(results["first"].cpu(), native_repeat_interleave(first.cpu()))
     assert torch.equal(results["second"].cpu(), native_repeat_interleave(second.cpu()))
     assert not bool(zeroed_scratch(first, 1).any())
+
 
 @pytest.mark.parametrize("rows", [1, 5, 37, 130])
 def test_dynamic_size_scan_summary(rows, unchecked, small_tiles):
