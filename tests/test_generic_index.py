@@ -390,22 +390,31 @@ def test_another_thread_between_scan_and_expand_waits(known_size, unchecked, sma
     """Two threads on one stream: a call of the other thread must not run its scan between this
     thread's scan and expand (Triton's launch releases the GIL), or it would read status words still
     set. The first thread pauses after its scan until the second finishes, at most 1 s: the second
-    must wait for the first's expand instead, and both results must be right. Without the lock, in the
-    interpreter the dynamic case goes wrong (the second call zeroes the first's total before it is read);
-    the known-size case only on a GPU, by chance (the interpreter runs the chunks in order, so each
-    publishes before the next looks back).
+    must wait for the first's expand instead: the launches come in pairs, and both results are right.
+    (Without the lock the results alone would catch only the dynamic case in the interpreter, which
+    runs a scan's chunks in order, each publishing before the next looks back; the order catches both.)
     """
     import threading
 
     first = torch.tensor([3, 1, 4, 1, 5, 9, 2, 6, 5, 3], device=DEV)  # 3 chunks of 4 rows
     second = torch.tensor([2, 7, 1, 8, 2, 8, 1, 8, 2], device=DEV)
     sizes = {"first": int(first.sum()), "second": int(second.sum())}
-    real_scan = small_tiles._scan
+    real_scan, real_launcher = small_tiles._scan, small_tiles._launcher
     first_scanned, second_done = threading.Event(), threading.Event()
     results: dict[str, torch.Tensor] = {}
+    launches: list[tuple[str, str]] = []
+
+    def logged_launcher(*key):
+        launch = real_launcher(*key)
+
+        def logged(*args):
+            launches.append(("expand", threading.current_thread().name))
+            return launch(*args)
+        return logged
 
     def scan_then_pause(*args, **kwargs):
         ends = real_scan(*args, **kwargs)
+        launches.append(("scan", threading.current_thread().name))
         if threading.current_thread().name == "first":
             first_scanned.set()
             second_done.wait(timeout=1.0)
@@ -420,12 +429,14 @@ def test_another_thread_between_scan_and_expand_waits(known_size, unchecked, sma
             second_done.set()
 
     monkeypatch.setattr(small_tiles, "_scan", scan_then_pause)
+    monkeypatch.setattr(small_tiles, "_launcher", logged_launcher)
     threads = [threading.Thread(target=call, args=(name, repeats), name=name)
                for name, repeats in (("first", first), ("second", second))]
     for thread in threads:
         thread.start()
     for thread in threads:
         thread.join(timeout=60)
+    assert launches == [("scan", "first"), ("expand", "first"), ("scan", "second"), ("expand", "second")]
     assert torch.equal(results["first"].cpu(), native_repeat_interleave(first.cpu()))
     assert torch.equal(results["second"].cpu(), native_repeat_interleave(second.cpu()))
     assert not bool(zeroed_scratch(first, 1).any())
