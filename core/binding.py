@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-from . import log
+from . import compiled, log
 from .policy import Route
 from .types import resolve_callable
 
@@ -60,11 +60,16 @@ def native_scope() -> Iterator[None]:
     if me in _NATIVE_THREADS:
         yield
         return
+    entry = compiled.loaded()
     _NATIVE_THREADS.add(me)
+    if entry is not None:
+        entry.native_enter()
     try:
         yield
     finally:
         _NATIVE_THREADS.discard(me)
+        if entry is not None:
+            entry.native_exit()
 
 
 _PY_NUMBER = (bool, int, float, complex)
@@ -147,13 +152,15 @@ class ResolvedLink:
     label: str
     fn: Callable[..., Any]
     supports: Callable[..., Any] | None
+    replayable: bool = False
 
 
 def resolve_chain(route: Route) -> tuple[ResolvedLink, ...]:
     """Import every implementation of a route (lazy references resolve here)."""
     return tuple(
         ResolvedLink(link.label, resolve_callable(link.impl.fn),
-                     None if link.impl.supports is None else resolve_callable(link.impl.supports))
+                     None if link.impl.supports is None else resolve_callable(link.impl.supports),
+                     link.impl.replayable)
         for link in route.chain
     )
 
@@ -195,6 +202,18 @@ def _number_check(native: NativeKernel) -> tuple[int, Callable[[tuple], bool] | 
         second = rest[0]
         return first, lambda args: len(args) > second and args[second].__class__ in numbers
     return first, lambda args: any(len(args) > i and args[i].__class__ in numbers for i in rest)
+
+
+def goes_native_test(native: NativeKernel) -> Callable[[tuple], bool]:
+    """The entry's test of Python numbers in Tensor slots, as one function (for the planner)."""
+    slot, other_slots = _number_check(native)
+    numbers = _PY_NUMBER_CLASSES
+
+    def goes_native(args: tuple) -> bool:
+        return (len(args) > slot and args[slot].__class__ in numbers) or (
+            other_slots is not None and other_slots(args))
+
+    return goes_native
 
 
 def _build_single_entry(fn: Callable[..., Any], native: NativeKernel, busy: set[int]) -> Callable[..., Any]:
@@ -270,16 +289,28 @@ def _build_chain_entry(op: str, chain: tuple[ResolvedLink, ...], native: NativeK
     return entry
 
 
+#: Plans kept per op and dispatch key by the compiled entry (the oldest are all dropped when it is full).
+PLAN_CAPACITY = 4096
+
+
 class Binding:
-    """Registrations of one ``enable()``: created by it, removed by ``disable()``."""
+    """Registrations of one ``enable()``: created by it, removed by ``disable()``.
+
+    With the compiled entry (``compiled``, the module of :mod:`flaggems.compiled`)
+    each op is registered through it: its plan cache serves the steady state and
+    a miss calls the op's planner (:mod:`flaggems.planner`). Without it, or while
+    a log channel is on (the compiled entry logs nothing), the Python entry is
+    registered directly.
+    """
 
     def __init__(self, dispatch_key: str) -> None:
         self.dispatch_key = dispatch_key
         self.library: torch.library.Library | None = None
+        self.registry: Any = None
         self.ops: dict[str, Callable[..., Any]] = {}
         self.natives: dict[str, NativeKernel] = {}
 
-    def register(self, routes: dict[str, Route], channels: frozenset[str]) -> None:
+    def register(self, routes: dict[str, Route], channels: frozenset[str], compiled_entry: Any = None) -> None:
         """Register one entry per routed op (ops routed to native stay untouched).
 
         A CompositeImplicitAutograd op (``repeat_interleave.self_int``, ...)
@@ -289,6 +320,8 @@ class Binding:
         kernel is the composite itself, so a call that needs autograd (the
         implementation declines it) decomposes and records the graph.
         """
+        from .planner import build_planner
+
         prepared = []
         for op, route in routes.items():
             if not route.chain:
@@ -296,17 +329,28 @@ class Binding:
             chain = resolve_chain(route)
             for key in self._keys_for(op):
                 native = NativeKernel.capture(op, key)
-                prepared.append((op, key, build_entry(op, chain, native, channels), native))
-        library = torch.library.Library("aten", "IMPL")
-        with warnings.catch_warnings():
-            # torch warns once when overriding a C++ kernel: that is the point here.
-            warnings.simplefilter("ignore", UserWarning)
-            for op, key, entry, native in prepared:
-                library.impl(op, entry, key)
-                if key == self.dispatch_key:
-                    self.ops[op] = entry
-                    self.natives[op] = native
-        self.library = library
+                prepared.append((op, key, chain, build_entry(op, chain, native, channels), native))
+        use_compiled = compiled_entry is not None and not channels
+        if use_compiled:
+            registry = compiled_entry.Registry(self.dispatch_key)
+            for op, key, chain, entry, native in prepared:
+                name, _, overload = op.partition(".")
+                registry.add(f"aten::{name}", overload, key, entry,
+                             build_planner(chain, native, goes_native_test(native)), PLAN_CAPACITY)
+            registry.register_all()
+            self.registry = registry
+        else:
+            library = torch.library.Library("aten", "IMPL")
+            with warnings.catch_warnings():
+                # torch warns once when overriding a C++ kernel: that is the point here.
+                warnings.simplefilter("ignore", UserWarning)
+                for op, key, _, entry, _ in prepared:
+                    library.impl(op, entry, key)
+            self.library = library
+        for op, key, _, entry, native in prepared:
+            if key == self.dispatch_key:
+                self.ops[op] = entry
+                self.natives[op] = native
 
     def _keys_for(self, op: str) -> tuple[str, ...]:
         name = _overload(op).name()
@@ -314,10 +358,22 @@ class Binding:
             return (self.dispatch_key, "Autograd" + self.dispatch_key)
         return (self.dispatch_key,)
 
+    def plan_stats(self) -> dict[str, dict[str, int]]:
+        """Per op and key: plans cached and calls served by replay, native, Python, misses (compiled entry)."""
+        return dict(self.registry.stats()) if self.registry is not None else {}
+
+    def clear_plans(self) -> None:
+        """Drop every cached plan (the next call of each key plans again)."""
+        if self.registry is not None:
+            self.registry.clear_plans()
+
     def unregister(self) -> None:
         """Remove every registration, restoring the native kernels."""
         if self.library is not None:
             self.library._destroy()
+        if self.registry is not None:
+            self.registry.unregister_all()
         self.library = None
+        self.registry = None
         self.ops.clear()
         self.natives.clear()

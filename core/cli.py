@@ -25,6 +25,7 @@ def _print_info(data: dict[str, Any]) -> None:
         dist = f"{plugin['distribution']} {plugin['version']}".strip() or "-"
         error = f"  error: {plugin['error']}" if plugin["error"] else ""
         print(f"  {plugin['status']:<7} {plugin['name']:<12} {plugin['entry_point']:<36} {dist}{error}")
+    print(f"entry: {data['entry']['active']}  ({data['entry']['reason']})")
     print(f"enabled: {data['enabled']}")
 
 

@@ -74,6 +74,7 @@ class EnvVar:
 
 LOG_CHANNELS = ("dispatch", "fallback", "plugins")
 FORCE_CHOICES = ("generic", "vendor", "native")
+ENTRY_CHOICES = ("auto", "compiled", "python")
 
 REGISTRY: dict[str, EnvVar] = {
     var.name: var
@@ -107,6 +108,9 @@ REGISTRY: dict[str, EnvVar] = {
                "Group a large random 1-D scatter (1-, 2- or 4-byte elements, 4+ stores per "
                "32-byte sector) by destination region before writing it (index_copy; two n-pair "
                "workspaces). 0: the plain scatter.", parse_bool),
+        EnvVar("FLAGGEMS_ENTRY", "choice", "auto",
+               "Dispatcher entry: auto (the compiled C++ entry with its plan cache where it builds, else Python), "
+               "compiled (a build failure is an error) or python.", _choice_parser(ENTRY_CHOICES)),
         EnvVar("FLAGGEMS_DEPENDENT_LAUNCH", "bool", True,
                "Let a kernel that reads the previous kernel's output start while that one finishes "
                "(programmatic dependent launch: NVIDIA compute capability 9.0+, e.g. repeat_interleave's "

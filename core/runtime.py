@@ -11,7 +11,7 @@ import warnings
 from collections.abc import Iterable
 from typing import Any
 
-from . import backends, config, log, policy
+from . import backends, compiled, config, log, policy
 from .backends import ActiveBackend
 from .binding import Binding
 from .manager import PluginManager, fill_distributions
@@ -121,7 +121,8 @@ class Runtime:
             binding = Binding(active.dispatch_key)
             log.configure()  # FLAGGEMS_LOG; channels switched on in code count too
             channels = frozenset(c for c in log.CHANNELS if log.is_on(c))
-            binding.register(routes, channels)
+            module, _ = compiled.load()
+            binding.register(routes, channels, module)
             self._binding, self._enabled_with, self._routes = binding, key, routes
 
     def disable(self) -> None:
@@ -140,6 +141,22 @@ class Runtime:
         """The routes in force, or those ``enable()`` would install."""
         with self.lock:
             return dict(self._routes) if self._binding is not None else self.compute_routes()
+
+    def entry(self) -> dict[str, Any]:
+        """Which dispatcher entry serves the routed ops, and why."""
+        active, reason = compiled.status()
+        if self._binding is not None and active == "compiled" and self._binding.registry is None:
+            return {"active": "python", "reason": "a log channel is on (the compiled entry does not log)"}
+        return {"active": active, "reason": reason}
+
+    def plan_stats(self) -> dict[str, dict[str, int]]:
+        """The compiled entry's plan counters per op and key (empty with the Python entry)."""
+        return self._binding.plan_stats() if self._binding is not None else {}
+
+    def clear_plans(self) -> None:
+        """Drop every plan the compiled entry cached (tests that change planner constants call it)."""
+        if self._binding is not None:
+            self._binding.clear_plans()
 
     def registered_ops(self) -> list[str]:
         """Ops currently overridden on the dispatcher."""
@@ -176,6 +193,7 @@ class Runtime:
             "probes": [{"backend": name, "available": p.available, "reason": p.reason}
                        for name, p in active.probes],
             "plugins": [rec.as_dict() for rec in self.manager.records.values()],
+            "entry": self.entry(),
             "enabled": self._binding is not None,
             "registered_ops": self.registered_ops(),
         }

@@ -22,6 +22,13 @@ from flaggems.runtime import RUNTIME  # noqa: E402
 flaggems.backend()
 
 
+@pytest.fixture(autouse=True)
+def _fresh_plans():
+    """Every test plans its calls anew: tests change planner constants the compiled entry's keys cannot see."""
+    RUNTIME.clear_plans()
+    yield
+
+
 @pytest.fixture
 def runtime(monkeypatch):
     """The process runtime with no installed plugin (core tests register fakes).

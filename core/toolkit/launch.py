@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import contextlib
 import inspect
+import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
@@ -41,6 +42,7 @@ import torch
 import triton
 
 from ..binding import native_scope
+from . import recording
 from .raw_launch import RawLaunch, bind_raw, compile_hooks_idle, hooks_idle, triton_version
 
 #: Triton (major, minor) range whose launch internals the fast path was checked against.
@@ -51,6 +53,9 @@ PLAIN = "plain"
 INTERPRET = "interpret"
 
 _INT32_MIN, _INT32_MAX = -(2**31), 2**31 - 1
+
+#: Triton's interpreter keeps its launch state in globals: interpreted launches take turns (GPU launches never lock).
+_INTERPRETER_LOCK = threading.RLock()
 
 
 def _is_interpreted(fn: Any) -> bool:
@@ -223,9 +228,12 @@ def _build_call(slots: Sequence[Any], args: Sequence[Any]) -> Callable[..., None
         key += terms
     tensors = [n for n, v in zip(names, args, strict=True) if isinstance(v, torch.Tensor)]
     params, kernel_args = ", ".join(names), ", ".join(launch)
-    namespace.update(current=_current_device, hooks_idle=hooks_idle, grid3=_grid3, device=_device)
+    namespace.update(current=_current_device, hooks_idle=hooks_idle, grid3=_grid3, device=_device,
+                     recorders=recording.RECORDERS)
     source = "\n".join([
         f"def call(self, grid, {params}):",
+        "    if recorders:",
+        f"        return self._record(grid, ({params},))",
         "    if not hooks_idle():",
         f"        return self._slow(grid, ({params},))",
         *pointers,
@@ -310,7 +318,7 @@ class FastLauncher:
     def _plain(self, grid: Sequence[int], args: Sequence[Any]) -> Any:
         """``fn[grid](...)`` on the first tensor's device; returns what Triton returns."""
         if self.mode == INTERPRET:
-            with native_scope():
+            with _INTERPRETER_LOCK, native_scope():
                 return self.fn[tuple(grid)](*self._full_args(args), **self.options)
         index = next((a.get_device() for a in args if isinstance(a, torch.Tensor)), -1)
         with _device().guard(index):
@@ -318,12 +326,28 @@ class FastLauncher:
 
     def _slow(self, grid: Sequence[int], args: Sequence[Any]) -> None:
         """First call, a launch hook installed, or no fast path: Triton's own launch."""
+        if recording.RECORDERS:
+            self._record(grid, args)
+            return
         if self.mode == FAST and self._call is None:
             self._init_fast(args)
         if self.mode != FAST or not hooks_idle() or not compile_hooks_idle():
             self._plain(grid, args)
             return
         self._call(self, grid, *args)  # hooks are idle: it binds ``args``' specialisation or launches it
+
+    def _record(self, grid: Sequence[int], args: Sequence[Any]) -> None:
+        """Launch through Triton and, when this thread records, describe the launch (:mod:`.recording`)."""
+        rec = recording.current()
+        if rec is None:  # another thread records
+            self._plain(grid, args)
+            return
+        from torch.utils._python_dispatch import _disable_current_modes
+
+        with _disable_current_modes():  # the planner's dispatch mode watches the call, not Triton's internals
+            kernel = self._plain(grid, args)
+        compiled = None if self.mode == INTERPRET or not hasattr(kernel, "function") else kernel
+        rec.add_launch(self, grid, args, self._full_args(args), compiled)
 
     def _init_fast(self, args: Sequence[Any]) -> None:
         """Generate the launch function from the first call's arguments, or fall back to plain launches."""

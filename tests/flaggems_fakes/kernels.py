@@ -100,3 +100,51 @@ def _copy_kernel(src_ptr, dst_ptr, n, BLOCK: tl.constexpr):
     offsets = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     mask = offsets < n
     tl.store(dst_ptr + offsets, tl.load(src_ptr + offsets, mask=mask), mask=mask)
+
+
+# -- replayable implementations (the compiled entry's tests) -------------------------------------------------------
+_PERSISTENT: dict[str, torch.Tensor] = {}
+
+
+def _neg_launcher():
+    from flaggems.toolkit import FastLauncher
+
+    return FastLauncher(_neg_kernel, {"BLOCK": 64})
+
+
+_NEG = []
+
+
+def fast_neg(x: torch.Tensor) -> torch.Tensor:
+    """neg through the toolkit's launcher into a fresh output: a call the compiled entry may replay."""
+    CALLS.append("fast_neg")
+    if not x.is_contiguous() or not x.dtype.is_floating_point:
+        raise Decline("contiguous float input only")
+    if not _NEG:
+        _NEG.append(_neg_launcher())
+    out = torch.empty_like(x)
+    if x.numel():
+        _NEG[0]((triton.cdiv(x.numel(), 64),), x, out, x.numel())
+    return out
+
+
+def neg_with_persistent_workspace(x: torch.Tensor) -> torch.Tensor:
+    """neg through a workspace the implementation keeps between calls: never replayable."""
+    CALLS.append("persistent_neg")
+    if not _NEG:
+        _NEG.append(_neg_launcher())
+    if "ws" not in _PERSISTENT or _PERSISTENT["ws"].numel() < x.numel():
+        _PERSISTENT["ws"] = torch.empty(x.numel(), device=x.device, dtype=x.dtype)
+    ws = _PERSISTENT["ws"]
+    _NEG[0]((triton.cdiv(x.numel(), 64),), x, ws, x.numel())
+    out = torch.empty_like(x)
+    _NEG[0]((triton.cdiv(x.numel(), 64),), ws, out, x.numel())
+    return -out
+
+
+def neg_reading_data(x: torch.Tensor) -> torch.Tensor:
+    """neg that reads a value on the host before launching (a sync): never replayable."""
+    CALLS.append("reading_neg")
+    if x.numel() and bool(x.reshape(-1)[0] > 1e30):
+        raise Decline("huge first element")
+    return fast_neg(x)

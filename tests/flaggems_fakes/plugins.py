@@ -106,3 +106,15 @@ class DecliningAdd:
     @hookimpl
     def flaggems_operators(self):
         return [OpImpl("add.Tensor", f"{K}:declining_add", supports=self.supports)]
+
+
+class ReplayNeg:
+    """neg (replayable, through the toolkit's launcher), abs with a persistent workspace, and sin reading data."""
+
+    @hookimpl
+    def flaggems_operators(self):
+        return [
+            OpImpl("neg", f"{K}:fast_neg", replayable=True),
+            OpImpl("abs", f"{K}:neg_with_persistent_workspace", replayable=True),
+            OpImpl("sin", f"{K}:neg_reading_data", replayable=True),
+        ]

@@ -1,0 +1,140 @@
+"""Builds and loads flaggems' compiled dispatcher entry (``entry.cpp``).
+
+The entry is compiled on first use against the torch that is running, with
+torch's own extension tooling (``torch.utils.cpp_extension.load``: a C++
+compiler and ninja), and cached under torch's extension directory
+(``TORCH_EXTENSIONS_DIR``, default ``~/.cache/torch_extensions``) in a folder
+named after the source's hash and the torch and Python versions: a torch
+upgrade or a new flaggems builds anew, a second process loads the cached
+library in well under a second. It needs no CUDA toolkit: the CUDA driver is
+opened at run time. Built at install time instead, it would need torch in
+the build environment (build isolation would pull a second torch) and would
+break with the next torch upgrade.
+
+``FLAGGEMS_ENTRY`` chooses: ``auto`` (default: compiled where it builds,
+else the Python entry, with the reason in ``flaggems info``), ``compiled``
+(a build failure is an error) or ``python``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import sys
+import threading
+from pathlib import Path
+from types import ModuleType
+
+from .. import config, log
+
+SOURCE = Path(__file__).with_name("entry.cpp")
+
+_LOCK = threading.Lock()
+_STATE: dict[str, object] = {}
+_BUILT: list[ModuleType] = []  # a built module stays loaded across resets (an extension loads once per process)
+
+
+def _build_name() -> str:
+    import torch
+
+    digest = hashlib.sha256(SOURCE.read_bytes())
+    digest.update(f"{torch.__version__}|{sys.version_info[:2]}".encode())
+    return f"flaggems_entry_{digest.hexdigest()[:16]}"
+
+
+def _missing_tools() -> str | None:
+    from torch.utils import cpp_extension
+
+    compiler = os.environ.get("CXX", "c++")
+    if shutil.which(compiler) is None and shutil.which("g++") is None:
+        return f"no C++ compiler ({compiler!r} not on PATH)"
+    if not cpp_extension.is_ninja_available():
+        return "ninja is not installed (pip install ninja)"
+    return None
+
+
+def _folder() -> tuple[str, Path]:
+    name = _build_name()
+    root = Path(os.environ.get("TORCH_EXTENSIONS_DIR") or Path.home() / ".cache" / "torch_extensions")
+    return name, root / name
+
+
+def is_built() -> bool:
+    """Whether this torch's build of the entry is in the cache already (loading it then takes < 1 s)."""
+    name, folder = _folder()
+    return any(folder.glob(f"{name}*.so"))
+
+
+def _build() -> ModuleType:
+    from torch.utils import cpp_extension
+
+    name, folder = _folder()
+    folder.mkdir(parents=True, exist_ok=True)
+    if not is_built():
+        print(f"flaggems: compiling the compiled entry for torch {_torch_version()} (once, about 30-60 s) "
+              f"in {folder}", file=sys.stderr, flush=True)
+    return cpp_extension.load(name, sources=[str(SOURCE)], extra_cflags=["-O2"], build_directory=str(folder),
+                              verbose=False)
+
+
+def _torch_version() -> str:
+    import torch
+
+    return torch.__version__
+
+
+def load() -> tuple[ModuleType | None, str]:
+    """The compiled entry's module (built if needed) and why, or ``None`` and why not."""
+    with _LOCK:
+        if "result" not in _STATE:
+            _STATE["result"] = _load()
+        return _STATE["result"]  # type: ignore[return-value]
+
+
+def _load() -> tuple[ModuleType | None, str]:
+    choice = config.get("FLAGGEMS_ENTRY")
+    if choice == "python":
+        return None, "FLAGGEMS_ENTRY=python"
+    missing = _missing_tools()
+    if missing is not None:
+        if choice == "compiled":
+            raise RuntimeError(f"FLAGGEMS_ENTRY=compiled, but the compiled entry cannot be built: {missing}")
+        return None, f"cannot build: {missing}"
+    try:
+        module = _BUILT[0] if _BUILT else _build()
+        _BUILT[:] = [module]
+    except Exception as exc:  # noqa: BLE001 - any build failure leaves the Python entry working
+        if choice == "compiled":
+            raise
+        reason = f"build failed: {type(exc).__name__}: {str(exc).strip().splitlines()[-1:]}"
+        log.logger("plugins").warning("flaggems: compiled entry unavailable (%s); using the Python entry", reason)
+        return None, reason
+    available, driver = module.driver()
+    launches = "CUDA launches through " + driver if available else f"no CUDA driver ({driver})"
+    return module, f"built against torch {_torch_version()}; {launches}"
+
+
+def status() -> tuple[str, str]:
+    """``(entry, reason)`` without building: what :func:`load` decided, or will decide at ``enable()``."""
+    result = _STATE.get("result")
+    if result is None:
+        if config.get("FLAGGEMS_ENTRY") == "python":
+            return "python", "FLAGGEMS_ENTRY=python"
+        if not is_built():
+            return "python (until enable())", "the compiled entry is built at the first enable()"
+        result = load()
+    module, reason = result  # type: ignore[misc]
+    return ("compiled" if module is not None else "python"), reason
+
+
+def loaded() -> ModuleType | None:
+    """The module if :func:`load` already loaded it (never builds)."""
+    result = _STATE.get("result")
+    return result[0] if result else None  # type: ignore[index]
+
+
+def reset() -> None:
+    """Forget the load decision (tests change ``FLAGGEMS_ENTRY``)."""
+    with _LOCK:
+        _STATE.clear()

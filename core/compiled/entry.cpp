@@ -1,0 +1,747 @@
+// flaggems' compiled dispatcher entry.
+//
+// One boxed kernel per routed op and dispatch key. Per call it builds a key from
+// the arguments' metadata (dtypes, sizes, strides, storage offsets, pointer
+// alignment, aliasing, devices, scalar values) and looks up a plan that the
+// Python planner handed back for that key:
+//   replay  allocate the outputs/workspaces and launch the recorded kernels
+//           (CUDA driver API, loaded at run time; or a recorded Python launcher)
+//   native  the captured native kernel (the planner declined for this key)
+//   python  the Python entry (the call needs the host: a sync, a persistent
+//           workspace, autograd, ...)
+// A miss calls the planner, which runs the call through the Python entry and
+// may return a plan. No op semantics live here: the planner decides them all.
+
+#include <torch/extension.h>
+#include <torch/library.h>
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/core/grad_mode.h>
+#include <c10/core/impl/VirtualGuardImpl.h>
+#include <c10/core/DeviceGuard.h>
+#include <torch/csrc/Dtype.h>
+#include <torch/csrc/Exceptions.h>
+#include <torch/csrc/autograd/python_variable.h>
+#include <torch/csrc/DynamicTypes.h>
+#include <torch/csrc/jit/python/pybind_utils.h>
+#include <torch/csrc/utils/tensor_memoryformats.h>
+
+#include <dlfcn.h>
+
+#include <atomic>
+#include <cstring>
+#include <memory>
+#include <mutex>
+#include <shared_mutex>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+namespace py = pybind11;
+
+namespace {
+
+// ---------------------------------------------------------------- CUDA driver
+// The few driver API types used, laid out as in cuda.h (CUDA 12).
+typedef int CUresult;
+struct LaunchAttr {
+  int id;
+  char pad[4];
+  union {
+    char raw[64];
+    int value;
+  } value;
+};
+struct LaunchConfig {
+  unsigned grid_x, grid_y, grid_z, block_x, block_y, block_z, shared;
+  void* stream;
+  LaunchAttr* attrs;
+  unsigned num_attrs;
+};
+typedef CUresult (*LaunchKernelEx)(const LaunchConfig*, void*, void**, void**);
+typedef CUresult (*GetErrorString)(CUresult, const char**);
+constexpr int kAttrCooperative = 2;
+constexpr int kAttrProgrammaticSerialization = 6;
+
+struct Driver {
+  LaunchKernelEx launch = nullptr;
+  GetErrorString error_string = nullptr;
+  std::string reason = "not loaded";
+};
+
+Driver& driver() {
+  static Driver d = [] {
+    Driver out;
+    void* lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
+    if (lib == nullptr) lib = dlopen("libcuda.so.1", RTLD_NOW);
+    if (lib == nullptr) {
+      out.reason = "libcuda.so.1 not found";
+      return out;
+    }
+    out.launch = reinterpret_cast<LaunchKernelEx>(dlsym(lib, "cuLaunchKernelEx"));
+    out.error_string = reinterpret_cast<GetErrorString>(dlsym(lib, "cuGetErrorString"));
+    out.reason = out.launch ? "cuLaunchKernelEx" : "cuLaunchKernelEx missing from libcuda";
+    return out;
+  }();
+  return d;
+}
+
+// ---------------------------------------------------------------- plans
+enum class PlanKind { kReplay = 0, kNative = 1, kPython = 2 };
+enum class Source { kInput = 0, kAlloc = 1 };
+
+// One parameter of a driver launch: a pointer into an input or allocation, a
+// constant (its bytes), or a null pointer (Triton's unused scratch slots).
+struct Param {
+  enum Kind : uint8_t { kPointer, kConstant, kNull } kind;
+  Source source;
+  uint8_t size;  // bytes of a constant
+  int32_t index;
+  int64_t value;  // byte delta of a pointer, or the constant's bits
+};
+
+struct DriverLaunch {
+  void* function;
+  unsigned grid[3];
+  unsigned block;
+  unsigned shared;
+  bool pdl, cooperative;
+  std::vector<Param> params;
+};
+
+struct ViewSpec {
+  Source source;
+  int32_t index;
+  bool as_is;
+  std::vector<int64_t> sizes, strides;
+  int64_t offset;
+};
+
+struct PyTensorSlot {
+  int32_t position;
+  ViewSpec view;
+};
+
+struct PyLaunch {
+  py::object launcher;
+  py::object grid;
+  std::vector<py::object> args;
+  std::vector<PyTensorSlot> slots;
+  ~PyLaunch() {
+    py::gil_scoped_acquire gil;
+    launcher = py::object();
+    grid = py::object();
+    args.clear();
+  }
+};
+
+struct Step {
+  std::unique_ptr<DriverLaunch> cuda;
+  std::unique_ptr<PyLaunch> python;
+};
+
+struct AllocSpec {
+  std::vector<int64_t> sizes, strides;
+  at::ScalarType dtype;
+};
+
+struct Plan {
+  PlanKind kind = PlanKind::kPython;
+  std::vector<AllocSpec> allocs;
+  std::vector<Step> steps;
+  std::vector<ViewSpec> returns;
+};
+
+// ---------------------------------------------------------------- keys
+struct KeyHash {
+  size_t operator()(const std::vector<int64_t>& key) const noexcept {
+    uint64_t h = 1469598103934665603ull;
+    for (int64_t v : key) {
+      h ^= static_cast<uint64_t>(v) + 0x9e3779b97f4a7c15ull + (h << 6) + (h >> 2);
+    }
+    return static_cast<size_t>(h);
+  }
+};
+
+enum Tag : int64_t {
+  kTagNone = 1, kTagTensor, kTagUndefined, kTagInt, kTagDouble, kTagBool, kTagIntList, kTagString,
+  kTagDevice, kTagTensorList, kTagGrad,
+};
+
+// Appends one tensor's key terms; false for a tensor the plans cannot describe.
+bool add_tensor(std::vector<int64_t>& key, const at::Tensor& t, std::vector<at::Tensor>& inputs,
+                std::vector<std::pair<uintptr_t, uintptr_t>>& ranges) {
+  if (!t.defined()) {
+    key.push_back(kTagUndefined);
+    return true;
+  }
+  if (t.layout() != at::kStrided || !t.has_storage() || t.is_nested()) return false;
+  const auto* impl = t.unsafeGetTensorImpl();
+  const auto device = t.device();
+  key.push_back(kTagTensor);
+  key.push_back(static_cast<int64_t>(t.scalar_type()) | (static_cast<int64_t>(device.type()) << 8) |
+                ((static_cast<int64_t>(device.index()) + 1) << 16) | (int64_t(t.is_conj()) << 32) |
+                (int64_t(t.is_neg()) << 33) | (int64_t(impl->is_wrapped_number()) << 34) |
+                (int64_t(t.requires_grad()) << 35));
+  const int64_t dim = t.dim();
+  key.push_back(dim);
+  const auto sizes = t.sizes();
+  const auto strides = t.strides();
+  for (int64_t i = 0; i < dim; ++i) key.push_back(sizes[i]);
+  for (int64_t i = 0; i < dim; ++i) key.push_back(strides[i]);
+  key.push_back(t.storage_offset());
+  const auto address = reinterpret_cast<uintptr_t>(t.data_ptr());
+  key.push_back(static_cast<int64_t>(address & 15));  // Triton specialises pointers on 16-byte alignment
+  // Aliasing: the first earlier tensor whose storage overlaps this one's.
+  const auto& storage = t.storage();
+  const auto begin = reinterpret_cast<uintptr_t>(storage.data());
+  const auto end = begin + storage.nbytes();
+  int64_t alias = -1;
+  for (size_t i = 0; i < ranges.size(); ++i) {
+    if (begin < ranges[i].second && ranges[i].first < end) {
+      alias = static_cast<int64_t>(i);
+      break;
+    }
+  }
+  key.push_back(alias);
+  ranges.emplace_back(begin, end);
+  inputs.push_back(t);
+  return true;
+}
+
+bool add_ivalue(std::vector<int64_t>& key, const c10::IValue& v, std::vector<at::Tensor>& inputs,
+                std::vector<std::pair<uintptr_t, uintptr_t>>& ranges) {
+  if (v.isTensor()) return add_tensor(key, v.toTensor(), inputs, ranges);
+  if (v.isNone()) {
+    key.push_back(kTagNone);
+  } else if (v.isInt()) {
+    key.push_back(kTagInt);
+    key.push_back(v.toInt());
+  } else if (v.isDouble()) {
+    key.push_back(kTagDouble);
+    double d = v.toDouble();
+    int64_t bits;
+    std::memcpy(&bits, &d, sizeof(bits));
+    key.push_back(bits);
+  } else if (v.isBool()) {
+    key.push_back(kTagBool);
+    key.push_back(v.toBool());
+  } else if (v.isIntList()) {
+    key.push_back(kTagIntList);
+    const auto list = v.toIntVector();
+    key.push_back(static_cast<int64_t>(list.size()));
+    key.insert(key.end(), list.begin(), list.end());
+  } else if (v.isString()) {
+    key.push_back(kTagString);
+    key.push_back(static_cast<int64_t>(std::hash<std::string>()(v.toStringRef())));
+  } else if (v.isDevice()) {
+    const auto d = v.toDevice();
+    key.push_back(kTagDevice);
+    key.push_back((static_cast<int64_t>(d.type()) << 8) | (static_cast<int64_t>(d.index()) + 1));
+  } else if (v.isTensorList()) {
+    const auto list = v.toTensorList();
+    key.push_back(kTagTensorList);
+    key.push_back(static_cast<int64_t>(list.size()));
+    for (const at::Tensor t : list) {
+      if (!add_tensor(key, t, inputs, ranges)) return false;
+    }
+  } else {
+    return false;
+  }
+  return true;
+}
+
+// ---------------------------------------------------------------- per-op state
+struct Stats {
+  std::atomic<int64_t> replay{0}, native{0}, python{0}, miss{0}, uncached{0}, evicted{0};
+};
+
+thread_local int native_depth = 0;
+
+struct OpState {
+  std::string name;
+  c10::OperatorHandle op;
+  c10::SafeKernelFunction native;
+  c10::DispatchKeySet native_keys;
+  py::object entry;    // the Python entry (binding.build_entry)
+  py::object planner;  // (args, kwargs, inputs) -> (result, spec or None)
+  bool grad_sensitive;  // registered on an Autograd key: grad mode is part of the key
+  size_t capacity;
+  std::shared_mutex lock;
+  std::unordered_map<std::vector<int64_t>, std::shared_ptr<const Plan>, KeyHash> plans;
+  Stats stats;
+
+  OpState(std::string n, c10::OperatorHandle h, c10::SafeKernelFunction k, c10::DispatchKey key, py::object e,
+          py::object p, bool grad, size_t cap)
+      : name(std::move(n)), op(std::move(h)), native(std::move(k)), native_keys(key), entry(std::move(e)),
+        planner(std::move(p)), grad_sensitive(grad), capacity(cap) {}
+
+  ~OpState() {
+    py::gil_scoped_acquire gil;
+    entry = py::object();
+    planner = py::object();
+    plans.clear();
+  }
+};
+
+thread_local std::vector<const OpState*> busy_ops;
+
+struct BusyGuard {
+  explicit BusyGuard(const OpState* s) { busy_ops.push_back(s); }
+  ~BusyGuard() { busy_ops.pop_back(); }
+};
+
+bool is_busy(const OpState* s) {
+  for (const OpState* b : busy_ops) {
+    if (b == s) return true;
+  }
+  return false;
+}
+
+[[noreturn]] void rethrow_python(py::error_already_set& e) {
+  e.restore();
+  python_error err;
+  err.persist();
+  throw err;
+}
+
+// ---------------------------------------------------------------- replay
+at::Tensor view_of(const ViewSpec& v, const std::vector<at::Tensor>& inputs, const std::vector<at::Tensor>& allocs) {
+  const at::Tensor& base = v.source == Source::kInput ? inputs[v.index] : allocs[v.index];
+  if (v.as_is) return base;
+  return base.as_strided(v.sizes, v.strides, v.offset);
+}
+
+void launch_driver(const DriverLaunch& l, const std::vector<at::Tensor>& inputs, const std::vector<at::Tensor>& allocs,
+                   void* stream) {
+  const size_t n = l.params.size();
+  int64_t storage[64];
+  void* pointers[64];
+  TORCH_CHECK(n <= 64, "flaggems: more than 64 kernel parameters");
+  for (size_t i = 0; i < n; ++i) {
+    const Param& p = l.params[i];
+    switch (p.kind) {
+      case Param::kPointer: {
+        const at::Tensor& base = p.source == Source::kInput ? inputs[p.index] : allocs[p.index];
+        storage[i] = reinterpret_cast<int64_t>(base.data_ptr()) + p.value;
+        break;
+      }
+      case Param::kConstant:
+        storage[i] = p.value;
+        break;
+      case Param::kNull:
+        storage[i] = 0;
+        break;
+    }
+    pointers[i] = &storage[i];  // little-endian: a narrower constant is read from the low bytes
+  }
+  LaunchAttr attrs[2];
+  unsigned num_attrs = 0;
+  if (l.pdl) {
+    std::memset(&attrs[num_attrs], 0, sizeof(LaunchAttr));
+    attrs[num_attrs].id = kAttrProgrammaticSerialization;
+    attrs[num_attrs++].value.value = 1;
+  }
+  if (l.cooperative) {
+    std::memset(&attrs[num_attrs], 0, sizeof(LaunchAttr));
+    attrs[num_attrs].id = kAttrCooperative;
+    attrs[num_attrs++].value.value = 1;
+  }
+  LaunchConfig config{l.grid[0], l.grid[1], l.grid[2], l.block, 1, 1, l.shared, stream, attrs, num_attrs};
+  const CUresult status = driver().launch(&config, l.function, pointers, nullptr);
+  if (status != 0) {
+    const char* text = nullptr;
+    if (driver().error_string) driver().error_string(status, &text);
+    TORCH_CHECK(false, "flaggems: cuLaunchKernelEx failed: ", text ? text : "unknown error", " (", status, ")");
+  }
+}
+
+void launch_python(const PyLaunch& l, const std::vector<at::Tensor>& inputs, const std::vector<at::Tensor>& allocs) {
+  py::gil_scoped_acquire gil;
+  py::tuple args(l.args.size());
+  for (size_t i = 0; i < l.args.size(); ++i) args[i] = l.args[i];
+  for (const PyTensorSlot& slot : l.slots) {
+    args[slot.position] = py::reinterpret_steal<py::object>(THPVariable_Wrap(view_of(slot.view, inputs, allocs)));
+  }
+  try {
+    l.launcher(l.grid, *args);
+  } catch (py::error_already_set& e) {
+    rethrow_python(e);
+  }
+}
+
+void replay(const Plan& plan, const std::vector<at::Tensor>& inputs, torch::jit::Stack* stack, size_t num_args) {
+  const at::Device device = inputs.empty() ? at::Device(at::kCPU) : inputs[0].device();
+  std::vector<at::Tensor> allocs;
+  allocs.reserve(plan.allocs.size());
+  for (const AllocSpec& a : plan.allocs) {
+    allocs.push_back(at::empty_strided(a.sizes, a.strides, at::TensorOptions().dtype(a.dtype).device(device)));
+  }
+  if (!plan.steps.empty()) {
+    c10::OptionalDeviceGuard guard;
+    void* stream = nullptr;
+    if (device.type() != at::kCPU) {
+      guard.reset_device(device);
+      c10::impl::VirtualGuardImpl impl(device.type());
+      stream = impl.getStream(device).native_handle();
+    }
+    for (const Step& step : plan.steps) {
+      if (step.cuda) {
+        launch_driver(*step.cuda, inputs, allocs, stream);
+      } else {
+        launch_python(*step.python, inputs, allocs);
+      }
+    }
+  }
+  torch::jit::drop(*stack, num_args);
+  for (const ViewSpec& r : plan.returns) stack->emplace_back(view_of(r, inputs, allocs));
+}
+
+// ---------------------------------------------------------------- plan specs from Python
+std::vector<int64_t> int_vector(py::handle h) {
+  std::vector<int64_t> out;
+  for (py::handle item : h) out.push_back(item.cast<int64_t>());
+  return out;
+}
+
+ViewSpec parse_view(py::handle h) {
+  // (source, index, as_is, sizes, strides, offset)
+  py::tuple t = py::reinterpret_borrow<py::tuple>(h);
+  ViewSpec v;
+  v.source = static_cast<Source>(t[0].cast<int>());
+  v.index = t[1].cast<int32_t>();
+  v.as_is = t[2].cast<bool>();
+  v.sizes = int_vector(t[3]);
+  v.strides = int_vector(t[4]);
+  v.offset = t[5].cast<int64_t>();
+  return v;
+}
+
+std::unique_ptr<DriverLaunch> parse_cuda(py::tuple t) {
+  // ("cuda", function, (gx, gy, gz), block, shared, pdl, cooperative, params)
+  auto l = std::make_unique<DriverLaunch>();
+  l->function = reinterpret_cast<void*>(t[1].cast<uintptr_t>());
+  py::tuple grid = t[2].cast<py::tuple>();
+  for (int i = 0; i < 3; ++i) l->grid[i] = grid[i].cast<unsigned>();
+  l->block = t[3].cast<unsigned>();
+  l->shared = t[4].cast<unsigned>();
+  l->pdl = t[5].cast<bool>();
+  l->cooperative = t[6].cast<bool>();
+  for (py::handle item : t[7]) {
+    // ("ptr", source, index, delta) | ("const", size, bits) | ("null",)
+    py::tuple p = py::reinterpret_borrow<py::tuple>(item);
+    const std::string kind = p[0].cast<std::string>();
+    Param param{Param::kNull, Source::kInput, 8, 0, 0};
+    if (kind == "ptr") {
+      param.kind = Param::kPointer;
+      param.source = static_cast<Source>(p[1].cast<int>());
+      param.index = p[2].cast<int32_t>();
+      param.value = p[3].cast<int64_t>();
+    } else if (kind == "const") {
+      param.kind = Param::kConstant;
+      param.size = p[1].cast<uint8_t>();
+      param.value = p[2].cast<int64_t>();
+    }
+    l->params.push_back(param);
+  }
+  TORCH_CHECK(l->params.size() <= 64, "flaggems: more than 64 kernel parameters");
+  return l;
+}
+
+std::unique_ptr<PyLaunch> parse_python(py::tuple t) {
+  // ("python", launcher, grid, args, ((position, view), ...))
+  auto l = std::make_unique<PyLaunch>();
+  l->launcher = py::reinterpret_borrow<py::object>(t[1]);
+  l->grid = py::reinterpret_borrow<py::object>(t[2]);
+  for (py::handle a : t[3]) l->args.push_back(py::reinterpret_borrow<py::object>(a));
+  for (py::handle item : t[4]) {
+    py::tuple s = py::reinterpret_borrow<py::tuple>(item);
+    l->slots.push_back({s[0].cast<int32_t>(), parse_view(s[1])});
+  }
+  return l;
+}
+
+std::shared_ptr<const Plan> parse_plan(py::handle spec) {
+  auto plan = std::make_shared<Plan>();
+  py::tuple t = py::reinterpret_borrow<py::tuple>(spec);
+  const std::string kind = t[0].cast<std::string>();
+  if (kind == "native") {
+    plan->kind = PlanKind::kNative;
+    return plan;
+  }
+  if (kind == "python") {
+    plan->kind = PlanKind::kPython;
+    return plan;
+  }
+  TORCH_CHECK(kind == "replay", "flaggems: unknown plan kind ", kind);
+  plan->kind = PlanKind::kReplay;
+  for (py::handle a : t[1]) {
+    py::tuple at_ = py::reinterpret_borrow<py::tuple>(a);
+    PyObject* dtype = at_[2].ptr();
+    TORCH_CHECK(THPDtype_Check(dtype), "flaggems: allocation dtype must be a torch.dtype");
+    plan->allocs.push_back({int_vector(at_[0]), int_vector(at_[1]), reinterpret_cast<THPDtype*>(dtype)->scalar_type});
+  }
+  for (py::handle s : t[2]) {
+    py::tuple step = py::reinterpret_borrow<py::tuple>(s);
+    Step out;
+    if (step[0].cast<std::string>() == "cuda") {
+      out.cuda = parse_cuda(step);
+    } else {
+      out.python = parse_python(step);
+    }
+    plan->steps.push_back(std::move(out));
+  }
+  for (py::handle r : t[3]) plan->returns.push_back(parse_view(r));
+  return plan;
+}
+
+// ---------------------------------------------------------------- the kernel
+void call_native(OpState& st, torch::jit::Stack* stack) {
+  st.native.callBoxed(st.op, st.native_keys, stack);
+}
+
+// One argument as the Python kernel of torch.library receives it: dtypes,
+// layouts and memory formats as torch objects, wrapped numbers as Python numbers.
+py::object argument_to_python(const c10::Argument& arg, const c10::IValue& value) {
+  if (value.isNone()) return py::none();
+  auto kind = arg.real_type()->kind();
+  if (kind == c10::OptionalType::Kind) kind = arg.real_type()->castRaw<c10::OptionalType>()->getElementType()->kind();
+  if (kind == c10::ScalarTypeType::Kind) {
+    return py::reinterpret_borrow<py::object>(
+        reinterpret_cast<PyObject*>(torch::getTHPDtype(static_cast<c10::ScalarType>(value.toInt()))));
+  }
+  if (kind == c10::LayoutType::Kind) {
+    return py::reinterpret_borrow<py::object>(
+        reinterpret_cast<PyObject*>(torch::getTHPLayout(static_cast<c10::Layout>(value.toInt()))));
+  }
+  if (kind == c10::MemoryFormatType::Kind) {
+    return py::reinterpret_borrow<py::object>(
+        torch::utils::getTHPMemoryFormat(static_cast<c10::MemoryFormat>(value.toInt())));
+  }
+  return torch::jit::toPyObject(value);
+}
+
+bool is_default(const c10::Argument& arg, const c10::IValue& value) {
+  return arg.default_value().has_value() && *arg.default_value() == value;
+}
+
+// The stack's arguments as ``(args, kwargs)``: keyword-only ones by name, trailing
+// defaulted ones left out (as torch.library's Python kernels receive them).
+std::pair<py::tuple, py::dict> python_arguments(const c10::FunctionSchema& schema, const torch::jit::Stack& stack,
+                                                size_t num_args) {
+  const auto& specs = schema.arguments();
+  const c10::IValue* values = stack.data() + (stack.size() - num_args);
+  size_t kwarg_start = num_args;
+  while (kwarg_start > 0 && specs[kwarg_start - 1].kwarg_only()) --kwarg_start;
+  size_t positional = kwarg_start;
+  while (positional > 0 && is_default(specs[positional - 1], values[positional - 1])) --positional;
+  py::tuple args(positional);
+  for (size_t i = 0; i < positional; ++i) args[i] = argument_to_python(specs[i], values[i]);
+  py::dict kwargs;
+  for (size_t i = kwarg_start; i < num_args; ++i) {
+    if (!is_default(specs[i], values[i])) kwargs[py::str(specs[i].name())] = argument_to_python(specs[i], values[i]);
+  }
+  return {std::move(args), std::move(kwargs)};
+}
+
+// Calls ``fn(*args, **kwargs)``, or the planner ``fn(args, kwargs, inputs)``; returns what it returned.
+py::object call_python(OpState& st, py::handle fn, const std::vector<at::Tensor>* inputs, torch::jit::Stack* stack,
+                       size_t num_args) {
+  auto [args, kwargs] = python_arguments(st.op.schema(), *stack, num_args);
+  try {
+    if (inputs == nullptr) return fn(*args, **kwargs);
+    py::tuple py_inputs(inputs->size());
+    for (size_t i = 0; i < inputs->size(); ++i) {
+      py_inputs[i] = py::reinterpret_steal<py::object>(THPVariable_Wrap((*inputs)[i]));
+    }
+    return fn(args, kwargs, py_inputs);
+  } catch (py::error_already_set& e) {
+    rethrow_python(e);
+  }
+}
+
+void push_result(OpState& st, torch::jit::Stack* stack, size_t num_args, const py::object& result) {
+  torch::jit::drop(*stack, num_args);
+  const auto& returns = st.op.schema().returns();
+  if (returns.size() == 1) {
+    stack->push_back(torch::jit::toIValue(result, returns[0].real_type()));
+    return;
+  }
+  py::sequence outs = result.cast<py::sequence>();
+  TORCH_CHECK(outs.size() == returns.size(), "flaggems: ", st.name, " returned ", outs.size(), " values, expected ",
+              returns.size());
+  for (size_t i = 0; i < returns.size(); ++i) stack->push_back(torch::jit::toIValue(outs[i], returns[i].real_type()));
+}
+
+void store(OpState& st, std::vector<int64_t>&& key, std::shared_ptr<const Plan> plan) {
+  decltype(st.plans) dropped;
+  {
+    std::unique_lock<std::shared_mutex> guard(st.lock);
+    if (st.plans.size() >= st.capacity) {
+      dropped.swap(st.plans);
+      st.stats.evicted.fetch_add(static_cast<int64_t>(dropped.size()), std::memory_order_relaxed);
+    }
+    st.plans.emplace(std::move(key), std::move(plan));
+  }
+}
+
+class Entry final : public c10::OperatorKernel {
+ public:
+  explicit Entry(std::shared_ptr<OpState> state) : state_(std::move(state)) {}
+
+  void operator()(const c10::OperatorHandle&, c10::DispatchKeySet, torch::jit::Stack* stack) {
+    OpState& st = *state_;
+    const size_t num_args = st.op.schema().arguments().size();
+    if (native_depth > 0 || is_busy(&st)) {
+      call_native(st, stack);
+      return;
+    }
+    thread_local std::vector<int64_t> key;
+    thread_local std::vector<std::pair<uintptr_t, uintptr_t>> ranges;
+    std::vector<at::Tensor> inputs;
+    key.clear();
+    ranges.clear();
+    bool keyed = true;
+    if (st.grad_sensitive) {
+      key.push_back(kTagGrad);
+      key.push_back(at::GradMode::is_enabled());
+    }
+    for (auto it = stack->end() - num_args; it != stack->end() && keyed; ++it) {
+      keyed = add_ivalue(key, *it, inputs, ranges);
+    }
+    std::shared_ptr<const Plan> plan;
+    if (keyed) {
+      std::shared_lock<std::shared_mutex> guard(st.lock);
+      auto found = st.plans.find(key);
+      if (found != st.plans.end()) plan = found->second;
+    }
+    if (plan) {
+      switch (plan->kind) {
+        case PlanKind::kReplay:
+          st.stats.replay.fetch_add(1, std::memory_order_relaxed);
+          replay(*plan, inputs, stack, num_args);
+          return;
+        case PlanKind::kNative:
+          st.stats.native.fetch_add(1, std::memory_order_relaxed);
+          call_native(st, stack);
+          return;
+        case PlanKind::kPython:
+          break;
+      }
+    }
+    py::gil_scoped_acquire gil;
+    if (plan || !keyed) {
+      (plan ? st.stats.python : st.stats.uncached).fetch_add(1, std::memory_order_relaxed);
+      py::object result = call_python(st, st.entry, nullptr, stack, num_args);
+      push_result(st, stack, num_args, result);
+      return;
+    }
+    st.stats.miss.fetch_add(1, std::memory_order_relaxed);
+    std::vector<int64_t> miss_key = key;  // the planner may re-enter (other ops) and reuse the buffer
+    py::object answer;
+    {
+      BusyGuard busy(&st);
+      answer = call_python(st, st.planner, &inputs, stack, num_args);
+    }
+    py::tuple pair = answer.cast<py::tuple>();
+    if (!pair[1].is_none()) store(st, std::move(miss_key), parse_plan(pair[1]));
+    push_result(st, stack, num_args, py::reinterpret_borrow<py::object>(pair[0]));
+  }
+
+ private:
+  std::shared_ptr<OpState> state_;
+};
+
+// ---------------------------------------------------------------- registrations
+struct SilentWarnings : c10::WarningHandler {
+  void process(const c10::Warning&) override {}
+};
+
+class Registry {
+ public:
+  Registry(const std::string& dispatch_key) : key_(c10::parseDispatchKey(dispatch_key)) {}
+
+  // Captures the native kernels now (before any override of this registry).
+  void add(const std::string& name, const std::string& overload, const std::string& key_name, py::object entry,
+           py::object planner, size_t capacity) {
+    const auto key = c10::parseDispatchKey(key_name);
+    auto handle = c10::Dispatcher::singleton().findSchemaOrThrow(name.c_str(), overload.c_str());
+    auto native = handle.getComputedKernelForDispatchKey(key);
+    const bool grad = key_name.rfind("Autograd", 0) == 0;
+    const std::string full = overload.empty() ? name : name + "." + overload;
+    auto state = std::make_shared<OpState>(full, handle, native, key, std::move(entry), std::move(planner), grad,
+                                           capacity);
+    pending_.push_back({state, key});
+    states_[full + "@" + key_name] = state;
+  }
+
+  void register_all() {
+    SilentWarnings silent;  // torch warns once per override of a C++ kernel: that is the point here
+    c10::WarningUtils::WarningHandlerGuard guard(&silent);
+    for (auto& [state, key] : pending_) {
+      auto lib = std::make_unique<torch::Library>(torch::Library::IMPL, "aten", key, __FILE__, __LINE__);
+      lib->impl(state->name.c_str(), torch::CppFunction::makeFromBoxedFunctor(std::make_unique<Entry>(state)));
+      libraries_.push_back(std::move(lib));
+    }
+    pending_.clear();
+  }
+
+  void unregister_all() {
+    libraries_.clear();
+    pending_.clear();
+  }
+
+  void clear_plans() {
+    for (auto& [name, state] : states_) {
+      decltype(state->plans) dropped;
+      std::unique_lock<std::shared_mutex> guard(state->lock);
+      dropped.swap(state->plans);
+    }
+  }
+
+  py::dict stats() {
+    py::dict out;
+    for (auto& [name, state] : states_) {
+      size_t size;
+      {
+        std::shared_lock<std::shared_mutex> guard(state->lock);
+        size = state->plans.size();
+      }
+      const Stats& s = state->stats;
+      py::dict row;
+      row["plans"] = size;
+      row["replay"] = s.replay.load();
+      row["native"] = s.native.load();
+      row["python"] = s.python.load();
+      row["miss"] = s.miss.load();
+      row["uncached"] = s.uncached.load();
+      row["evicted"] = s.evicted.load();
+      out[py::str(name)] = row;
+    }
+    return out;
+  }
+
+  ~Registry() { unregister_all(); }
+
+ private:
+  c10::DispatchKey key_;
+  std::vector<std::pair<std::shared_ptr<OpState>, c10::DispatchKey>> pending_;
+  std::vector<std::unique_ptr<torch::Library>> libraries_;
+  std::unordered_map<std::string, std::shared_ptr<OpState>> states_;
+};
+
+}  // namespace
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.doc() = "flaggems' compiled dispatcher entry (plan cache under the Python planner)";
+  py::class_<Registry>(m, "Registry")
+      .def(py::init<const std::string&>())
+      .def("add", &Registry::add, py::arg("name"), py::arg("overload"), py::arg("key"), py::arg("entry"),
+           py::arg("planner"), py::arg("capacity"))
+      .def("register_all", &Registry::register_all)
+      .def("unregister_all", &Registry::unregister_all)
+      .def("clear_plans", &Registry::clear_plans)
+      .def("stats", &Registry::stats);
+  m.def("native_enter", [] { ++native_depth; });
+  m.def("native_exit", [] { --native_depth; });
+  m.def("driver", [] { return py::make_tuple(driver().launch != nullptr, driver().reason); });
+}

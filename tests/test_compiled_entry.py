@@ -1,0 +1,204 @@
+"""The compiled dispatcher entry: registration, keying, misses, replays, declines, fallback, threads.
+
+On the CPU these run on the CPU key with the Triton interpreter: replays there
+use the ``python`` step form (the recorded launcher, tensors rebuilt as views
+of the replayed inputs and allocations); the ``cuda`` form runs on the GPU.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+import torch
+
+import flaggems
+from flaggems import binding, compiled
+from flaggems_fakes import kernels
+from flaggems_fakes.plugins import ReplayNeg
+
+DEV = torch.device(flaggems.backend().device_type)
+
+
+def minus(x: torch.Tensor) -> torch.Tensor:
+    """torch's own negation (``-x`` would go through the routed neg)."""
+    with binding.native_scope():
+        return -x
+
+
+@pytest.fixture
+def replay_neg(runtime, monkeypatch):
+    """The ReplayNeg fake plugin enabled through the compiled entry."""
+    monkeypatch.setenv("FLAGGEMS_ENTRY", "compiled")
+    compiled.reset()
+    runtime.manager.register(ReplayNeg(), "replay-neg")
+    kernels.CALLS.clear()
+    flaggems.enable()
+    yield runtime
+    flaggems.disable()
+    kernels.CALLS.clear()
+    compiled.reset()
+
+
+def _stats(runtime, op: str) -> dict[str, int]:
+    return runtime.plan_stats()[f"aten::{op}@{runtime.active_backend().dispatch_key}"]
+
+
+def test_compiled_entry_is_active_and_reported(replay_neg):
+    info = flaggems.info()
+    assert info["entry"]["active"] == "compiled", info["entry"]
+    assert replay_neg._binding.registry is not None and replay_neg._binding.library is None
+
+
+def test_second_call_replays_without_python(replay_neg):
+    x = torch.randn(100, device=DEV)
+    first = torch.neg(x)
+    second = torch.neg(x)
+    assert torch.equal(first, minus(x)) and torch.equal(second, minus(x))
+    assert kernels.CALLS == ["fast_neg"], "the replay must not run the Python implementation"
+    stats = _stats(replay_neg, "neg")
+    assert (stats["miss"], stats["replay"], stats["plans"]) == (1, 1, 1)
+    assert first.data_ptr() != second.data_ptr(), "each replay allocates its own output"
+
+
+def test_replay_follows_new_data_and_addresses(replay_neg):
+    torch.neg(torch.randn(64, device=DEV))
+    for _ in range(3):
+        x = torch.randn(64, device=DEV)
+        assert torch.equal(torch.neg(x), minus(x))
+    assert _stats(replay_neg, "neg")["replay"] == 3
+
+
+@pytest.mark.parametrize("other", [
+    lambda: torch.randn(65, device=DEV),                       # size
+    lambda: torch.randn(64, device=DEV, dtype=torch.float16),  # dtype
+    lambda: torch.randn(65, device=DEV)[1:],                   # storage offset (and address)
+    lambda: torch.randn(8, 8, device=DEV),                     # rank
+])
+def test_key_changes_miss(replay_neg, other):
+    torch.neg(torch.randn(64, device=DEV))
+    x = other()
+    assert torch.equal(torch.neg(x), minus(x))
+    stats = _stats(replay_neg, "neg")
+    assert (stats["miss"], stats["replay"]) == (2, 0)
+
+
+def test_key_determined_decline_goes_native_from_cpp(replay_neg):
+    x = torch.randn(16, device=DEV).t()[None].expand(2, 16)  # not contiguous: fast_neg declines
+    for _ in range(3):
+        assert torch.equal(torch.neg(x), minus(x))
+    stats = _stats(replay_neg, "neg")
+    assert (stats["miss"], stats["native"]) == (1, 2)
+    assert kernels.CALLS == ["fast_neg"], "the decline is decided once for the key"
+
+
+def test_empty_input_replays_with_no_launch(replay_neg):
+    x = torch.randn(0, 3, device=DEV)
+    assert torch.neg(x).shape == (0, 3)
+    assert torch.neg(x).shape == (0, 3)
+    assert _stats(replay_neg, "neg")["replay"] == 1
+
+
+def test_persistent_workspace_stays_on_python_path(replay_neg):
+    x = torch.randn(32, device=DEV)
+    for _ in range(3):
+        assert torch.equal(torch.abs(x), minus(x))  # the fake computes -(-(minus(x)))
+    stats = _stats(replay_neg, "abs")
+    assert (stats["miss"], stats["python"], stats["replay"]) == (1, 2, 0)
+    assert kernels.CALLS.count("persistent_neg") == 3
+
+
+def test_host_read_stays_on_python_path(replay_neg):
+    x = torch.randn(32, device=DEV)
+    for _ in range(2):
+        assert torch.equal(torch.sin(x), minus(x))
+    stats = _stats(replay_neg, "sin")
+    assert (stats["miss"], stats["python"]) == (1, 1)
+
+
+def test_errors_keep_their_type_and_cache_nothing(replay_neg):
+    x = torch.randn(4, device=DEV)
+    with pytest.raises(TypeError):
+        torch.neg(x, "bogus")  # the dispatcher's own argument check
+    assert torch.equal(torch.neg(x), minus(x))
+
+
+def test_native_scope_bypasses_the_plans(replay_neg):
+    x = torch.randn(10, device=DEV)
+    with binding.native_scope():
+        torch.neg(x)
+    assert kernels.CALLS == []
+    assert _stats(replay_neg, "neg")["miss"] == 0
+
+
+def test_disable_restores_native_and_drops_plans(replay_neg):
+    x = torch.randn(10, device=DEV)
+    torch.neg(x)
+    flaggems.disable()
+    assert torch.equal(torch.neg(x), minus(x))
+    assert kernels.CALLS == ["fast_neg"]
+    assert replay_neg.plan_stats() == {}
+    flaggems.enable()
+    torch.neg(x)
+    assert _stats(replay_neg, "neg")["miss"] == 1, "a new enable() plans again"
+
+
+def test_full_cache_is_dropped_and_refilled(replay_neg, monkeypatch):
+    flaggems.disable()
+    monkeypatch.setattr(binding, "PLAN_CAPACITY", 2)
+    flaggems.enable()
+    for n in (10, 11, 12):
+        torch.neg(torch.randn(n, device=DEV))
+    stats = _stats(replay_neg, "neg")
+    assert stats["evicted"] == 2 and stats["plans"] == 1
+
+
+def test_threads_share_the_plans(replay_neg):
+    inputs = [torch.randn(48, device=DEV) for _ in range(4)]
+    torch.neg(inputs[0])
+    failures = []
+
+    def work(x):
+        for _ in range(10):
+            if not torch.equal(torch.neg(x), minus(x)):
+                failures.append(x)
+
+    threads = [threading.Thread(target=work, args=(x,)) for x in inputs]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not failures
+    stats = _stats(replay_neg, "neg")
+    assert stats["miss"] == 1 and stats["replay"] == 40
+
+
+def test_python_entry_on_request(runtime, monkeypatch):
+    monkeypatch.setenv("FLAGGEMS_ENTRY", "python")
+    compiled.reset()
+    runtime.manager.register(ReplayNeg(), "replay-neg")
+    try:
+        with flaggems.enabled():
+            assert flaggems.info()["entry"] == {"active": "python", "reason": "FLAGGEMS_ENTRY=python"}
+            assert runtime._binding.registry is None
+            x = torch.randn(5, device=DEV)
+            assert torch.equal(torch.neg(x), minus(x))
+    finally:
+        compiled.reset()
+
+
+def test_generic_copy_replays_strided_copies():
+    """The generic plugin's copy_ is replayable: a transposed copy replays, results stay right."""
+    with flaggems.enabled():
+        from flaggems.runtime import RUNTIME
+
+        if RUNTIME._binding.registry is None:
+            pytest.skip("compiled entry not active")
+        src = torch.randn(33, 17, device=DEV)
+        for _ in range(3):
+            dst = torch.empty(17, 33, device=DEV)
+            dst.copy_(src.t())
+            assert torch.equal(dst, src.t())
+            src = torch.randn(33, 17, device=DEV)
+        stats = RUNTIME.plan_stats()[f"aten::copy_@{RUNTIME.active_backend().dispatch_key}"]
+        assert stats["replay"] >= 2
