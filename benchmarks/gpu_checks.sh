@@ -3,7 +3,8 @@
 # torch, run the test suite on the GPU, measure the hot path and run the benchmark.
 #   bash benchmarks/gpu_checks.sh [pytest selection...]
 # Writes logs and JSON under $OUT (or ./gpu-out). stevedore comes from .whl/.
-# STEPS picks what runs (default "tests hot_path bench"; "probe" runs benchmarks/probe.py).
+# STEPS picks what runs (default "tests hot_path bench"; also "small" (benchmarks/small_calls.py),
+# "models" (flaggems bench --models) and "probe" (benchmarks/probe.py)).
 set -uo pipefail
 out=${OUT:-gpu-out}; mkdir -p "$out"
 export PYTHONUNBUFFERED=1
@@ -31,6 +32,15 @@ fi
 if [[ $steps == *" hot_path "* ]]; then
 echo "== hot path"
 timeout 120 python3 benchmarks/hot_path.py --json "$out/hot_path.json"
+fi
+if [[ $steps == *" small "* ]]; then
+echo "== small calls"
+timeout ${SMALL_TIMEOUT:-240} python3 benchmarks/small_calls.py --json "$out/small_calls.json"
+fi
+if [[ $steps == *" models "* ]]; then
+echo "== models"
+timeout ${MODELS_TIMEOUT:-300} python3 -m flaggems bench --models --json "$out/models.json" >"$out/models.log" 2>&1
+echo "models exit $?"; tail -40 "$out/models.log"
 fi
 if [[ $steps == *" bench "* ]]; then
 echo "== bench"

@@ -2,7 +2,11 @@
 
 The implementation is trivial on purpose (it calls the captured native kernel),
 so the difference between "registered directly with torch.library" and
-"routed through flaggems" is the core's own per-call cost:
+"routed through flaggems" is the core's own per-call cost. The implementation
+is not replayable, so with the compiled entry (``flaggems_us``) this is the
+cost of its Python path (C++ key and look-up, then the Python entry); the
+Python entry alone is ``python_entry_us``. What a replayed call costs against
+torch is measured by ``benchmarks/small_calls.py``:
 
     python benchmarks/hot_path.py [--calls 200000] [--device cuda]
 
@@ -13,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -54,7 +59,7 @@ def main() -> None:
     import torch
 
     import flaggems
-    from flaggems import OpImpl, hookimpl
+    from flaggems import OpImpl, compiled, hookimpl
     from flaggems.binding import NativeKernel
     from flaggems.runtime import RUNTIME
 
@@ -90,8 +95,10 @@ def main() -> None:
         finally:
             lib._destroy()
 
-    def routed(plugin) -> Callable[[], float]:
+    def routed(plugin, entry: str = "auto") -> Callable[[], float]:
         def measure() -> float:
+            os.environ["FLAGGEMS_ENTRY"] = entry
+            compiled.reset()
             RUNTIME.manager.register(plugin, "hot-path")
             try:
                 with flaggems.enabled(include=["neg"]):
@@ -104,7 +111,9 @@ def main() -> None:
     # run): the four sides are measured in interleaved rounds, medians compared.
     sides = {"native_us": lambda: per_call_us(lambda: torch.neg(x), args.calls, repeats=1),
              "direct_library_us": direct, "flaggems_us": routed(Trivial()),
-             "flaggems_supports_us": routed(TrivialWithSupports())}
+             "flaggems_supports_us": routed(TrivialWithSupports()),
+             "python_entry_us": routed(Trivial(), "python"),
+             "python_entry_supports_us": routed(TrivialWithSupports(), "python")}
     samples: dict[str, list[float]] = {name: [] for name in sides}
     for _ in range(args.rounds):
         for name, measure in sides.items():
@@ -112,6 +121,12 @@ def main() -> None:
     results.update({name: statistics.median(values) for name, values in samples.items()})
     results["overhead_us"] = results["flaggems_us"] - results["direct_library_us"]
     results["overhead_supports_us"] = results["flaggems_supports_us"] - results["direct_library_us"]
+    results["python_entry_overhead_us"] = results["python_entry_us"] - results["direct_library_us"]
+    results["python_entry_overhead_supports_us"] = (results["python_entry_supports_us"]
+                                                    - results["direct_library_us"])
+    os.environ["FLAGGEMS_ENTRY"] = "auto"
+    compiled.reset()
+    results["entry"] = flaggems.info()["entry"]
     results["rounds"] = args.rounds
     results["import_flaggems_s"] = import_time_s()
 

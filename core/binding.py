@@ -72,6 +72,10 @@ def native_scope() -> Iterator[None]:
             entry.native_exit()
 
 
+#: The kernel toolkit's recorders (:mod:`flaggems.toolkit.recording`), bound by :mod:`flaggems.planner` when it
+#: loads: a native kernel called while a thread records does device work no recording can replay.
+_RECORDERS: dict = {}
+
 _PY_NUMBER = (bool, int, float, complex)
 _PY_NUMBER_CLASSES = frozenset(_PY_NUMBER)
 
@@ -122,6 +126,8 @@ class NativeKernel:
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         """Call the native kernel, re-wrapping Python scalars given for Tensors."""
+        if _RECORDERS and threading.get_ident() in _RECORDERS:
+            _RECORDERS[threading.get_ident()].spoil(f"native {self.op} called inside the implementation")
         if any(i < len(args) and isinstance(args[i], _PY_NUMBER) for i in self.tensor_positions) or any(
             isinstance(kwargs.get(n), _PY_NUMBER) for n in self.tensor_names
         ):

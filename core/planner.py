@@ -35,7 +35,10 @@ from typing import Any
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from . import binding
 from .toolkit import recording as rec_mod
+
+binding._RECORDERS = rec_mod.RECORDERS
 
 NATIVE_PLAN = ("native",)
 PYTHON_PLAN = ("python",)
