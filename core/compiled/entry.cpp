@@ -59,12 +59,20 @@ struct LaunchConfig {
 };
 typedef CUresult (*LaunchKernelEx)(const LaunchConfig*, void*, void**, void**);
 typedef CUresult (*GetErrorString)(CUresult, const char**);
+typedef CUresult (*CtxGetCurrent)(void**);
+typedef CUresult (*CtxSetCurrent)(void*);
+typedef CUresult (*DeviceGet)(int*, int);
+typedef CUresult (*PrimaryCtxRetain)(void**, int);
 constexpr int kAttrCooperative = 2;
 constexpr int kAttrProgrammaticSerialization = 6;
 
 struct Driver {
   LaunchKernelEx launch = nullptr;
   GetErrorString error_string = nullptr;
+  CtxGetCurrent context = nullptr;
+  CtxSetCurrent set_context = nullptr;
+  DeviceGet device_get = nullptr;
+  PrimaryCtxRetain retain = nullptr;
   std::string reason = "not loaded";
 };
 
@@ -79,7 +87,12 @@ Driver& driver() {
     }
     out.launch = reinterpret_cast<LaunchKernelEx>(dlsym(lib, "cuLaunchKernelEx"));
     out.error_string = reinterpret_cast<GetErrorString>(dlsym(lib, "cuGetErrorString"));
-    out.reason = out.launch ? "cuLaunchKernelEx" : "cuLaunchKernelEx missing from libcuda";
+    out.context = reinterpret_cast<CtxGetCurrent>(dlsym(lib, "cuCtxGetCurrent"));
+    out.set_context = reinterpret_cast<CtxSetCurrent>(dlsym(lib, "cuCtxSetCurrent"));
+    out.device_get = reinterpret_cast<DeviceGet>(dlsym(lib, "cuDeviceGet"));
+    out.retain = reinterpret_cast<PrimaryCtxRetain>(dlsym(lib, "cuDevicePrimaryCtxRetain"));
+    if (!out.context || !out.set_context || !out.device_get || !out.retain) out.launch = nullptr;
+    out.reason = out.launch ? "cuLaunchKernelEx" : "cuLaunchKernelEx/cuCtxGetCurrent missing from libcuda";
     return out;
   }();
   return d;
@@ -369,6 +382,19 @@ void launch_python(const PyLaunch& l, const std::vector<at::Tensor>& inputs, con
   }
 }
 
+// A thread that has not used the device yet has no current context (a cached allocation and an
+// unchanged current device never make one): bind the device's primary context, as Triton's launcher does.
+void ensure_context(int ordinal) {
+  const Driver& d = driver();
+  if (d.launch == nullptr) return;
+  void* context = nullptr;
+  if (d.context(&context) == 0 && context != nullptr) return;
+  int device = 0;
+  TORCH_CHECK(d.device_get(&device, ordinal) == 0 && d.retain(&context, device) == 0 &&
+                  d.set_context(context) == 0,
+              "flaggems: cannot make CUDA device ", ordinal, "'s primary context current");
+}
+
 void replay(const Plan& plan, const std::vector<at::Tensor>& inputs, torch::jit::Stack* stack, size_t num_args) {
   const at::Device device = inputs.empty() ? at::Device(at::kCPU) : inputs[0].device();
   std::vector<at::Tensor> allocs;
@@ -383,6 +409,7 @@ void replay(const Plan& plan, const std::vector<at::Tensor>& inputs, torch::jit:
       guard.reset_device(device);
       c10::impl::VirtualGuardImpl impl(device.type());
       stream = impl.getStream(device).native_handle();
+      if (device.type() == at::kCUDA) ensure_context(device.index());
     }
     for (const Step& step : plan.steps) {
       if (step.cuda) {
