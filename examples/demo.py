@@ -38,6 +38,7 @@ def workloads(dev: torch.device) -> list[tuple[str, Callable[[], Any]]]:
     source = torch.randn(8, 5, device=dev)
     index = torch.tensor([0, 7, 3, 31, 12], device=dev)
     images = torch.randn(2, 48, 5, 7, device=dev).to(memory_format=torch.channels_last)
+    grad_images = torch.randn(2, 48, 5, 7, device=dev)
     return [
         ("copy_ from expand (seed 001)", lambda: torch.empty(4, 128, device=dev).copy_(x.expand(4, 128))),
         ("copy_ fp32 -> bf16 from expand", lambda: torch.empty(4, 128, device=dev, dtype=torch.bfloat16)
@@ -54,8 +55,16 @@ def workloads(dev: torch.device) -> list[tuple[str, Callable[[], Any]]]:
         ("repeat_interleave self_int bf16", lambda: base.to(torch.bfloat16).repeat_interleave(4, dim=0)),
         ("group_norm channels_last C=48 G=16 (seed 004)",
          lambda: torch.nn.functional.group_norm(images, 16)),
+        ("group_norm backward channels_last (seed 004)", lambda: _group_norm_grad(images, grad_images)),
         ("unfold view + copy (Tensor.repeat, seed 004)", lambda: base.repeat(1, 2, 2)),
     ]
+
+
+def _group_norm_grad(x: torch.Tensor, dy: torch.Tensor) -> torch.Tensor:
+    """The input's gradient through ``F.group_norm`` (forward and backward both routed)."""
+    x = x.detach().requires_grad_()
+    (grad,) = torch.autograd.grad(torch.nn.functional.group_norm(x, 16), x, dy)
+    return grad
 
 
 def _same(a: Any, b: Any) -> bool:

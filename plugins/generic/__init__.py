@@ -7,6 +7,8 @@ vendor plugin (no special path). Kernel modules are referenced lazily
 
 from __future__ import annotations
 
+import dataclasses
+
 from flaggems import Backend, OpImpl, hookimpl
 
 _FLOATS = ("float16", "bfloat16", "float32", "float64")
@@ -27,6 +29,7 @@ OPERATORS: tuple[OpImpl, ...] = (
            dtypes=_COPY_DTYPES),
     OpImpl("native_group_norm", f"{__name__}.group_norm:native_group_norm", dtypes=_FLOATS),
     OpImpl("native_group_norm_backward", f"{__name__}.group_norm:native_group_norm_backward", dtypes=_FLOATS),
+    OpImpl("group_norm", f"{__name__}.group_norm_op:group_norm", dtypes=_FLOATS),
     OpImpl("unfold", f"{__name__}.unfold:unfold", supports=f"{__name__}.unfold:supports", dtypes=_COPY_DTYPES),
     OpImpl("unfold_backward", f"{__name__}.unfold:unfold_backward", dtypes=_FLOATS),
 )
@@ -40,7 +43,12 @@ PRIVATEUSE1_ONLY = frozenset({"unfold"})
 
 @hookimpl
 def flaggems_operators(backend: Backend) -> tuple[OpImpl, ...]:
-    """Generic implementations apply on every backend (``unfold`` on PrivateUse1 only)."""
-    if backend.dispatch_key == "PrivateUse1":
-        return OPERATORS
-    return tuple(impl for impl in OPERATORS if impl.op not in PRIVATEUSE1_ONLY)
+    """Generic implementations apply on every backend (``unfold`` on PrivateUse1 only).
+
+    Every one is replayable: it launches through the toolkit's launcher and
+    decides from metadata; the planner still keeps calls that sync, use a
+    persistent workspace or need autograd on the Python path.
+    """
+    offered = OPERATORS if backend.dispatch_key == "PrivateUse1" else tuple(
+        impl for impl in OPERATORS if impl.op not in PRIVATEUSE1_ONLY)
+    return tuple(dataclasses.replace(impl, replayable=True) for impl in offered)

@@ -11,7 +11,8 @@ from collections.abc import Iterable
 from ..workload import Workload, normalize_dtype
 
 #: Shape modules, in report order (module name == bench op name).
-MODULES = ("copy_", "_to_copy", "index_copy", "index_select", "repeat_interleave", "native_group_norm", "unfold")
+MODULES = ("copy_", "_to_copy", "index_copy", "index_select", "repeat_interleave", "native_group_norm", "group_norm",
+           "unfold")
 
 
 def all_workloads() -> list[Workload]:

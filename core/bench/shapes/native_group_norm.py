@@ -64,16 +64,17 @@ def bytes_forward_backward(inputs: Inputs) -> int:
     return 5 * nbytes(inputs["x"])
 
 
-def case(config: tuple, backward: bool) -> Workload:
-    """One group_norm workload, forward only or forward+backward."""
+def case(config: tuple, backward: bool, op: str = OP, routes: tuple[str, ...] | None = None,
+         source: str = "seed 004, peers.md") -> Workload:
+    """One group_norm workload, forward only or forward+backward (``routes``: the ops sent to flaggems)."""
     shape, groups, dtype, channels_last, smoke_shape, smoke_groups = config
     layout = "channels_last" if channels_last else "contiguous"
     common = {"dtype": dtype, "channels_last": channels_last, "backward": backward}
     return Workload(
-        op=OP, name=f"{'fwd+bwd' if backward else 'fwd'} {layout} {dims(shape)} G{groups}",
+        op=op, name=f"{'fwd+bwd' if backward else 'fwd'} {layout} {dims(shape)} G{groups}",
         dtype=dtype_name(dtype), build=build, run=forward_backward if backward else forward,
         bytes_moved=bytes_forward_backward if backward else bytes_forward,
-        routes=BWD_ROUTES if backward else FWD_ROUTES, source="seed 004, peers.md",
+        routes=routes or (BWD_ROUTES if backward else FWD_ROUTES), source=source,
         params={"shape": shape, "groups": groups, **common},
         smoke={"shape": smoke_shape, "groups": smoke_groups, **common},
     )

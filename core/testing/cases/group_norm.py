@@ -110,24 +110,30 @@ def backward(name: str, shape: tuple[int, ...], group: int, dtype: torch.dtype =
     return Case(name, make, **kw)
 
 
-def _forward_cases():
-    yield forward("contiguous-f32", (2, 6, 4, 4), 3)
-    yield forward("c320-g32-ten-channels-a-group", (1, 320, 2, 2), 32)
-    yield forward("c48-g16-three-channels-a-group", (2, 48, 3, 5), 16)
-    yield forward("one-group", (2, 5, 3, 3), 1)
-    yield forward("one-channel-a-group", (2, 7, 5), 7)
-    yield forward("input-n-c", (4, 12), 4)
-    yield forward("input-n-c-l", (3, 12, 7), 6)
-    yield forward("input-5d", (2, 8, 2, 3, 4), 4)
-    yield forward("spatial-1x1", (2, 6, 1, 1), 2)
-    for dtype in (F16, BF16, F64):
-        yield forward(f"dtype-{short_name(dtype)}", (2, 6, 4, 4), 3, dtype)
-    yield forward("no-affine", (2, 6, 4, 4), 3, weight=False, bias=False)
-    yield forward("weight-only", (2, 6, 4, 4), 3, bias=False)
-    yield forward("bias-only", (2, 6, 4, 4), 3, weight=False)
-    yield forward("eps-honoured", (2, 6, 2, 2), 3, eps=0.5)
+#: ``(name, shape, groups, options)`` of the forward cases every group_norm op shares (also :mod:`.group_norm_op`).
+SHAPES = (
+    ("contiguous-f32", (2, 6, 4, 4), 3, {}),
+    ("c320-g32-ten-channels-a-group", (1, 320, 2, 2), 32, {}),
+    ("c48-g16-three-channels-a-group", (2, 48, 3, 5), 16, {}),
+    ("one-group", (2, 5, 3, 3), 1, {}),
+    ("one-channel-a-group", (2, 7, 5), 7, {}),
+    ("input-n-c", (4, 12), 4, {}),
+    ("input-n-c-l", (3, 12, 7), 6, {}),
+    ("input-5d", (2, 8, 2, 3, 4), 4, {}),
+    *((f"dtype-{short_name(dtype)}", (2, 6, 4, 4), 3, {"dtype": dtype}) for dtype in (F16, BF16, F64)),
+    ("no-affine", (2, 6, 4, 4), 3, {"weight": False, "bias": False}),
+    ("weight-only", (2, 6, 4, 4), 3, {"bias": False}),
+    ("bias-only", (2, 6, 4, 4), 3, {"weight": False}),
+    ("eps-honoured", (2, 6, 2, 2), 3, {"eps": 0.5}),
     # y = x * a + b cancels terms of size |mean| * rstd ~ 100: both sides err by ulps of 100, not of y.
-    yield forward("mean-far-from-zero", (2, 6, 4, 4), 3, shift=100.0, ulps=256)
+    ("mean-far-from-zero", (2, 6, 4, 4), 3, {"shift": 100.0, "ulps": 256}),
+)
+
+
+def _forward_cases():
+    for name, shape, groups, options in SHAPES:
+        yield forward(name, shape, groups, **options)
+    yield forward("spatial-1x1", (2, 6, 1, 1), 2)
     yield forward("several-chunks-per-channel", (1, 2, 96, 96), 1)
 
     def flat(dev):  # torch reads any contiguous tensor of N*C*HxW elements as [N, C, HxW]

@@ -1,0 +1,144 @@
+"""``aten::group_norm``: ``F.group_norm`` / ``nn.GroupNorm`` through the kernels of :mod:`.group_norm`.
+
+``aten::group_norm`` is CompositeImplicitAutograd: torch's composite copies
+the input (``.contiguous()`` on CUDA, the suggested memory format on CPU)
+before ``native_group_norm``. Routing it here reads a channels_last input in
+place (no copy). The binding registers this entry on the backend key and on
+its Autograd key; at the Autograd key the inputs may require grad:
+
+* grad needed (grad mode on and ``input``, ``weight`` or ``bias`` requires
+  grad): the output comes from :class:`GroupNormFunction`, whose forward runs
+  ``native_group_norm``'s kernels (mean/rstd saved) and whose backward runs
+  ``native_group_norm_backward``'s, asking only for the gradients needed.
+  Under ``create_graph=True`` the backward is torch's instead (the forward
+  recomputed through ``aten::native_group_norm``, whose derivative is
+  differentiable again): double backward, e.g. a gradient penalty, gets
+  torch's values. ``once_differentiable`` would be wrong there: it marks
+  the gradients only when a ``grad_output`` requires grad, so
+  ``grad(y, x, ones, create_graph=True)`` would silently lose its second order.
+* otherwise: the forward kernels only.
+
+Output layout: the input's suggested memory format, so a channels_last input
+gives a channels_last output (as torch's composite does on CPU; on CUDA it
+returns a contiguous output, having copied the input). Gradients are laid
+out as torch's ``native_group_norm_backward`` lays them out.
+
+Everything else declines to torch's composite, which then raises its own
+error or computes the result: invalid arguments (``num_groups`` not dividing
+``C``, a weight or bias not a vector of ``C``, rank < 2), what the kernels
+decline (empty input, other dtypes, mixed dtypes torch rejects, devices),
+forward-mode AD and functorch transforms, and a bias that needs grad without
+a weight (torch's backward raises there).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch.autograd import forward_ad
+
+from flaggems import Decline
+
+from . import group_norm as kernels  # through the module: a patched (spied) function is seen
+
+_NO_GRAD = (None,) * 5  # gradients of N, C, HxW, group, eps
+
+
+def _requires_grad(t: torch.Tensor | None) -> bool:
+    return t is not None and t.requires_grad
+
+
+def _vector_of(t: torch.Tensor | None, C: int) -> bool:
+    return t is None or (t.dim() == 1 and t.numel() == C)
+
+
+def _invalid(input: torch.Tensor, num_groups: int, weight: torch.Tensor | None,
+             bias: torch.Tensor | None) -> str | None:
+    """Why torch's composite raises for these arguments (``None`` when it does not)."""
+    if input.dim() < 2:
+        return "input of rank < 2"
+    C = input.shape[1]
+    if num_groups <= 0 or C % num_groups != 0:
+        return f"num_groups={num_groups} does not divide C={C}"
+    if not (_vector_of(weight, C) and _vector_of(bias, C)):
+        return "weight or bias is not a vector of C elements"
+    return None
+
+
+def _transformed() -> bool:
+    """Forward-mode AD or a functorch transform is active: the composite knows how to handle those."""
+    return forward_ad._current_level >= 0 or torch._C._are_functorch_transforms_active()
+
+
+def _dims(input: torch.Tensor) -> tuple[int, int, int]:
+    """``(N, C, HxW)`` of an ``(N, C, *spatial)`` input."""
+    shape = input.shape
+    return shape[0], shape[1], math.prod(shape[2:])
+
+
+def _backward_fallback(grad_out: torch.Tensor, input: torch.Tensor, mean: torch.Tensor, rstd: torch.Tensor,
+                       weight: torch.Tensor | None, dims: tuple[int, int, int, int],
+                       mask: list[bool]) -> tuple[torch.Tensor | None, ...]:
+    """torch's backward on the operands its autograd formula passes (a ``grad_out`` our kernels decline)."""
+    fmt = kernels.suggest_memory_format(input) if input.device.type == "cpu" else torch.contiguous_format
+    dy = grad_out.resolve_neg().resolve_conj().contiguous(memory_format=fmt)
+    return torch.ops.aten.native_group_norm_backward(dy, input.contiguous(memory_format=fmt), mean, rstd, weight,
+                                                     *dims, mask)
+
+
+def _differentiable_backward(grad_out: torch.Tensor, saved: tuple[torch.Tensor | None, ...],
+                             dims: tuple[int, int, int, int], eps: float,
+                             mask: list[bool]) -> tuple[torch.Tensor | None, ...]:
+    """torch's backward on a recomputed forward, recorded (``create_graph=True``): differentiable again."""
+    input, weight, bias = saved
+    x = input if input.device.type == "cpu" else input.contiguous()  # what torch's composite passes
+    y = torch.ops.aten.native_group_norm(x, weight, bias, *dims, eps)[0]
+    found = iter(torch.autograd.grad(y, [t for t, m in zip(saved, mask) if m], grad_out, create_graph=True))
+    return tuple(next(found) if m else None for m in mask)
+
+
+class GroupNormFunction(torch.autograd.Function):
+    """``y = group_norm(input, weight, bias)`` with our forward and backward kernels."""
+
+    @staticmethod
+    def forward(ctx, input, weight, bias, N, C, HxW, group, eps):
+        """Our forward kernels; mean and rstd are kept for the backward."""
+        y, mean, rstd = kernels.native_group_norm(input, weight, bias, N, C, HxW, group, eps)
+        ctx.save_for_backward(input, weight, bias, mean, rstd)
+        ctx.dims, ctx.eps = (N, C, HxW, group), eps
+        return y
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        """Our backward kernels for the gradients asked (``needs_input_grad``); torch's under ``create_graph``."""
+        input, weight, bias, mean, rstd = ctx.saved_tensors
+        mask = list(ctx.needs_input_grad[:3])
+        if torch.is_grad_enabled():
+            return (*_differentiable_backward(grad_out, (input, weight, bias), ctx.dims, ctx.eps, mask), *_NO_GRAD)
+        try:
+            grads = kernels.native_group_norm_backward(grad_out, input, mean, rstd, weight, *ctx.dims, mask)
+        except Decline:
+            grads = _backward_fallback(grad_out, input, mean, rstd, weight, ctx.dims, mask)
+        return (*grads, *_NO_GRAD)
+
+
+def group_norm(input: torch.Tensor, num_groups: int, weight: torch.Tensor | None = None,
+               bias: torch.Tensor | None = None, eps: float = 1e-05, cudnn_enabled: bool = True) -> torch.Tensor:
+    """``aten::group_norm``: the normalised input, recording our backward when a gradient is needed.
+
+    ``cudnn_enabled`` is ignored (torch deprecated it). A decline raised by
+    the forward kernels leaves no graph behind: it passes the call, inputs
+    untouched, to torch's composite.
+    """
+    reason = _invalid(input, num_groups, weight, bias)
+    if reason is not None:
+        raise Decline(f"{reason} (torch raises)")
+    if _transformed():
+        raise Decline("forward-mode AD or a functorch transform")
+    N, C, HxW = _dims(input)
+    if torch.is_grad_enabled() and (input.requires_grad or _requires_grad(weight) or _requires_grad(bias)):
+        if weight is None and _requires_grad(bias):
+            raise Decline("bias needs grad without a weight (torch's backward raises)")
+        return GroupNormFunction.apply(input, weight, bias, N, C, HxW, num_groups, eps)
+    return kernels.native_group_norm(input, weight, bias, N, C, HxW, num_groups, eps)[0]
