@@ -18,6 +18,7 @@ Usage::
     flaggems bench --op copy_ --op index_copy_  # a GPU run of two ops
     flaggems bench --route generic --json out.json --plot out.png
     flaggems bench --smoke --op copy_           # tiny shapes; also on the CPU interpreter
+    flaggems bench --models                     # real model code instead: flaggems.bench.models
 
 Without a GPU only ``--smoke`` runs (timings then are meaningless, and say so).
 Exit status: 0; 1 when a side raised or a result differs from torch's;
@@ -42,6 +43,8 @@ EXAMPLES = """examples:
   flaggems bench --op index_copy_ --dtype fp16   one aten op, one dtype
   flaggems bench --op copy_ --route generic      also the generic implementations alone
   flaggems bench --smoke --op copy_              tiny shapes, also without a GPU (timings meaningless)
+  flaggems bench --models --json models.json     real model code (Llama decoder, UNet-style stack), on a GPU
+  flaggems bench --models --only 'unet*' --smoke a tiny model run, also without a GPU
 
 exit status: 0; 1 when a side raised or a result differs from torch's; 2 for a usage problem
 or a refused run (no GPU without --smoke). See benchmarks/README.md."""
@@ -63,15 +66,52 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The options of ``flaggems bench``."""
     parser.add_argument("--op", action="append", default=[], metavar="NAME",
                         help="a shape file (copy_, index_copy...) or an aten op it routes (index_copy_); repeatable")
-    parser.add_argument("--list", action="store_true", help="list ops and workloads, run nothing")
+    add_common_arguments(parser)
     parser.add_argument("--route", action="append", default=[], choices=("generic", "vendor"),
                         help="also time this forced route (FLAGGEMS_FORCE); repeatable")
+    parser.add_argument("--dtype", action="append", default=[], metavar="NAME",
+                        help="only workloads with this dtype (fp16, bf16, fp32, int64...); repeatable")
+    parser.add_argument("--models", action="store_true",
+                        help="time real model code instead (a Llama decoder, a UNet-style stack: "
+                             "flaggems.bench.models); takes --only, --steps, --rounds, --warmup")
+    add_model_arguments(parser)
+
+
+def add_common_arguments(parser: argparse.ArgumentParser) -> None:
+    """Options shared by ``flaggems bench`` and ``flaggems bench --models`` (``benchmarks/models.py``)."""
+    parser.add_argument("--list", action="store_true", help="list the workloads, run nothing")
     parser.add_argument("--json", metavar="PATH", help="write every number and the environment as JSON")
     parser.add_argument("--plot", metavar="PNG", help="write a bar chart of speedups (needs matplotlib)")
     parser.add_argument("--smoke", action="store_true",
-                        help="tiny shapes and a couple of iterations (works without a GPU; timings meaningless)")
-    parser.add_argument("--dtype", action="append", default=[], metavar="NAME",
-                        help="only workloads with this dtype (fp16, bf16, fp32, int64...); repeatable")
+                        help="tiny sizes and a couple of iterations (works without a GPU; timings meaningless)")
+
+
+def add_model_arguments(parser: argparse.ArgumentParser, prefix: str = "with --models: ") -> None:
+    """The options of the model benchmark (``prefix`` starts each help text)."""
+    parser.add_argument("--only", action="append", default=[], metavar="NAME",
+                        help=f"{prefix}only this workload, a name or a glob such as 'llama*' (see --list); repeatable")
+    parser.add_argument("--steps", type=_count(1), metavar="N",
+                        help=f"{prefix}timed steps per round (default: as many as take ~200 ms on torch; "
+                             "1 with --smoke)")
+    parser.add_argument("--rounds", type=_count(1), metavar="N",
+                        help=f"{prefix}timed rounds per side, torch and flaggems interleaved "
+                             "(default 15; 1 with --smoke)")
+    parser.add_argument("--warmup", type=_count(0), metavar="N",
+                        help=f"{prefix}untimed steps per side before the rounds (default 3; 0 with --smoke)")
+
+
+def _count(least: int) -> Callable[[str], int]:
+    """An argparse type: an integer of at least ``least``."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+        if value < least:
+            raise argparse.ArgumentTypeError(f"must be at least {least}, not {value}")
+        return value
+
+    return parse
 
 
 def _fail(message: str) -> int:
@@ -81,6 +121,14 @@ def _fail(message: str) -> int:
 
 def cmd_bench(args: argparse.Namespace) -> int:
     """Handler of ``flaggems bench`` (see the module docstring)."""
+    if args.models:
+        from .models import cmd_models
+
+        return cmd_models(args)
+    model_only = [flag for flag, value in (("--only", args.only), ("--steps", args.steps), ("--rounds", args.rounds),
+                                           ("--warmup", args.warmup)) if value not in (None, [])]
+    if model_only:
+        return _fail(f"{', '.join(model_only)} apply only with --models")
     from . import report, runner, shapes
 
     workloads = shapes.all_workloads()

@@ -6,7 +6,7 @@ import contextlib
 import importlib.util
 import json
 import sys
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 from .runner import TORCH, Result, geomean
@@ -118,8 +118,13 @@ def document(results: Sequence[Result], meta: dict[str, Any]) -> dict[str, Any]:
 
 def write_json(path: str, results: Sequence[Result], meta: dict[str, Any]) -> None:
     """Write :func:`document` to ``path``."""
+    dump_json(path, document(results, meta))
+
+
+def dump_json(path: str, doc: Mapping[str, Any]) -> None:
+    """Write one JSON document, indented, with a final newline (every bench's ``--json``)."""
     with open(path, "w", encoding="utf-8") as handle:
-        json.dump(document(results, meta), handle, indent=2)
+        json.dump(doc, handle, indent=2)
         handle.write("\n")
 
 

@@ -224,8 +224,8 @@ def flaggems_off() -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def side_scope(side: str, routes: Sequence[str], log: bool = False) -> Iterator[None]:
-    """Run the block as ``side``: natively, or with ``routes`` sent to flaggems.
+def side_scope(side: str, routes: Sequence[str] | None, log: bool = False) -> Iterator[None]:
+    """Run the block as ``side``: natively, or with ``routes`` sent to flaggems (``None``: every routed op).
 
     A forced route sets ``FLAGGEMS_FORCE`` around the enable. The per-call log
     channels are decided at enable(), so they are on only when ``log`` asks.
