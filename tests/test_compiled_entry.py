@@ -202,3 +202,28 @@ def test_generic_copy_replays_strided_copies():
             src = torch.randn(33, 17, device=DEV)
         stats = RUNTIME.plan_stats()[f"aten::copy_@{RUNTIME.active_backend().dispatch_key}"]
         assert stats["replay"] >= 2
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_replay_launches_on_the_current_stream_and_is_graph_capturable():
+    """A replayed copy_ inside a CUDA graph capture on a side stream: a launch on any other stream would fail it."""
+    with flaggems.enabled():
+        from flaggems.runtime import RUNTIME
+
+        if RUNTIME._binding.registry is None:
+            pytest.skip("compiled entry not active")
+        src = torch.randn(64, 33, device="cuda")
+        dst = torch.empty(33, 64, device="cuda")
+        for _ in range(2):  # plan, then replay
+            dst.copy_(src.t())
+        graph, stream = torch.cuda.CUDAGraph(), torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream), torch.cuda.graph(graph, stream=stream):
+            dst.copy_(src.t())
+        src.copy_(torch.randn(64, 33, device="cuda"))
+        graph.replay()
+        torch.cuda.synchronize()
+        with binding.native_scope():
+            assert torch.equal(dst, src.t())
+        stats = RUNTIME.plan_stats()["aten::copy_@CUDA"]
+        assert stats["replay"] >= 2
