@@ -227,3 +227,27 @@ def test_replay_launches_on_the_current_stream_and_is_graph_capturable():
             assert torch.equal(dst, src.t())
         stats = RUNTIME.plan_stats()["aten::copy_@CUDA"]
         assert stats["replay"] >= 2
+
+
+def test_autograd_key_keeps_calls_that_need_a_graph_on_python():
+    """group_norm at the Autograd key: an input that requires grad is never replayed; gradients stay torch's."""
+    x = torch.randn(2, 6, 3, 3, device=DEV)
+    with binding.native_scope():
+        leaf = x.clone().requires_grad_()
+        torch.nn.functional.group_norm(leaf, 3).square().sum().backward()
+        expected = leaf.grad
+    with flaggems.enabled():
+        from flaggems.runtime import RUNTIME
+
+        if RUNTIME._binding.registry is None:
+            pytest.skip("compiled entry not active")
+        for _ in range(2):
+            leaf = x.clone().requires_grad_()
+            torch.nn.functional.group_norm(leaf, 3).square().sum().backward()
+            assert torch.allclose(leaf.grad, expected, rtol=1e-4, atol=1e-5)
+        stats = RUNTIME.plan_stats()[f"aten::group_norm@Autograd{RUNTIME.active_backend().dispatch_key}"]
+        assert stats["replay"] == 0 and stats["uncached"] >= 2
+        for _ in range(2):  # no grad: the same metadata replays
+            torch.nn.functional.group_norm(x, 3)
+        stats = RUNTIME.plan_stats()[f"aten::group_norm@Autograd{RUNTIME.active_backend().dispatch_key}"]
+        assert stats["replay"] >= 1

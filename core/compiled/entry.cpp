@@ -182,13 +182,16 @@ enum Tag : int64_t {
 
 // Appends one tensor's key terms; false for a tensor the plans cannot describe.
 bool add_tensor(std::vector<int64_t>& key, const at::Tensor& t, std::vector<at::Tensor>& inputs,
-                std::vector<std::pair<uintptr_t, uintptr_t>>& ranges) {
+                std::vector<std::pair<uintptr_t, uintptr_t>>& ranges, bool grad_sensitive) {
   if (!t.defined()) {
     key.push_back(kTagUndefined);
     return true;
   }
   if (t.layout() != at::kStrided || !t.has_storage() || t.is_nested()) return false;
   const auto* impl = t.unsafeGetTensorImpl();
+  // On an Autograd key, a tensor with autograd metadata (requires grad, a forward-mode tangent, a view of
+  // one) may need a graph or a tangent that no replay builds: such calls take the Python entry.
+  if (grad_sensitive && impl->autograd_meta() != nullptr) return false;
   const auto device = t.device();
   key.push_back(kTagTensor);
   key.push_back(static_cast<int64_t>(t.scalar_type()) | (static_cast<int64_t>(device.type()) << 8) |
@@ -222,8 +225,8 @@ bool add_tensor(std::vector<int64_t>& key, const at::Tensor& t, std::vector<at::
 }
 
 bool add_ivalue(std::vector<int64_t>& key, const c10::IValue& v, std::vector<at::Tensor>& inputs,
-                std::vector<std::pair<uintptr_t, uintptr_t>>& ranges) {
-  if (v.isTensor()) return add_tensor(key, v.toTensor(), inputs, ranges);
+                std::vector<std::pair<uintptr_t, uintptr_t>>& ranges, bool grad_sensitive) {
+  if (v.isTensor()) return add_tensor(key, v.toTensor(), inputs, ranges, grad_sensitive);
   if (v.isNone()) {
     key.push_back(kTagNone);
   } else if (v.isInt()) {
@@ -255,7 +258,7 @@ bool add_ivalue(std::vector<int64_t>& key, const c10::IValue& v, std::vector<at:
     key.push_back(kTagTensorList);
     key.push_back(static_cast<int64_t>(list.size()));
     for (const at::Tensor t : list) {
-      if (!add_tensor(key, t, inputs, ranges)) return false;
+      if (!add_tensor(key, t, inputs, ranges, grad_sensitive)) return false;
     }
   } else {
     return false;
@@ -265,7 +268,7 @@ bool add_ivalue(std::vector<int64_t>& key, const c10::IValue& v, std::vector<at:
 
 // ---------------------------------------------------------------- per-op state
 struct Stats {
-  std::atomic<int64_t> replay{0}, native{0}, python{0}, miss{0}, uncached{0}, evicted{0};
+  std::atomic<int64_t> replay{0}, native{0}, python{0}, miss{0}, uncached{0}, evicted{0}, rejected{0};
 };
 
 thread_local int native_depth = 0;
@@ -633,7 +636,7 @@ class Entry final : public c10::OperatorKernel {
       key.push_back(at::GradMode::is_enabled());
     }
     for (auto it = stack->end() - num_args; it != stack->end() && keyed; ++it) {
-      keyed = add_ivalue(key, *it, inputs, ranges);
+      keyed = add_ivalue(key, *it, inputs, ranges, st.grad_sensitive);
     }
     std::shared_ptr<const Plan> plan;
     if (keyed) {
@@ -670,7 +673,15 @@ class Entry final : public c10::OperatorKernel {
       answer = call_python(st, st.planner, &inputs, stack, num_args);
     }
     py::tuple pair = answer.cast<py::tuple>();
-    if (!pair[1].is_none()) store(st, std::move(miss_key), parse_plan(pair[1]));
+    if (!pair[1].is_none()) {
+      std::shared_ptr<const Plan> made;
+      try {
+        made = parse_plan(pair[1]);
+      } catch (const std::exception&) {
+        st.stats.rejected.fetch_add(1, std::memory_order_relaxed);  // a malformed plan: the call stays served
+      }
+      if (made) store(st, std::move(miss_key), std::move(made));
+    }
     push_result(st, stack, num_args, py::reinterpret_borrow<py::object>(pair[0]));
   }
 
@@ -742,6 +753,7 @@ class Registry {
       row["miss"] = s.miss.load();
       row["uncached"] = s.uncached.load();
       row["evicted"] = s.evicted.load();
+      row["rejected"] = s.rejected.load();
       out[py::str(name)] = row;
     }
     return out;
