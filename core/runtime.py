@@ -6,6 +6,7 @@ functions of :mod:`flaggems` are thin wrappers around :data:`RUNTIME`.
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import warnings
 from collections.abc import Iterable
@@ -15,7 +16,7 @@ from . import backends, compiled, config, log, policy
 from .backends import ActiveBackend
 from .binding import Binding
 from .manager import PluginManager, fill_distributions
-from .types import Backend, OpImpl, Tuning
+from .types import Backend, OpImpl, Tuning, resolve_callable
 
 
 def _as_records(result: Any, kind: type, plugin: str, hook: str) -> list:
@@ -25,6 +26,34 @@ def _as_records(result: Any, kind: type, plugin: str, hook: str) -> list:
     if bad:
         raise TypeError(f"plugin {plugin!r}: {hook} returned {type(bad[0]).__name__}, expected {kind.__name__}")
     return items
+
+
+def _importable(routes: dict[str, policy.Route]) -> dict[str, policy.Route]:
+    """Routes without the implementations whose lazy ``"module:attr"`` fails to import.
+
+    A broken implementation is disabled with one warning naming its plugin and
+    op (an error under ``FLAGGEMS_STRICT``); every other link and op still routes.
+    """
+    out = {}
+    for op, route in routes.items():
+        kept, notes = [], list(route.notes)
+        for link in route.chain:
+            try:
+                resolve_callable(link.impl.fn)
+                if link.impl.supports is not None:
+                    resolve_callable(link.impl.supports)
+            except Exception as exc:  # noqa: BLE001 - any import or attribute error disables this link only
+                message = (f"flaggems: plugin {link.plugin!r}: the {op} implementation failed to import "
+                           f"({type(exc).__name__}: {exc}); it is disabled, the rest of the chain serves {op}")
+                if config.get("FLAGGEMS_STRICT"):
+                    raise RuntimeError(message) from exc
+                warnings.warn(message, RuntimeWarning, stacklevel=3)
+                notes.append(f"{link.label} disabled: {type(exc).__name__}: {exc}")
+                continue
+            kept.append(link)
+        out[op] = route if len(kept) == len(route.chain) else dataclasses.replace(
+            route, chain=tuple(kept), notes=tuple(notes))
+    return out
 
 
 class Runtime:
@@ -117,7 +146,7 @@ class Runtime:
                 return
             self.disable()
             active = self.active_backend()
-            routes = self.compute_routes(include, exclude)
+            routes = _importable(self.compute_routes(include, exclude))
             binding = Binding(active.dispatch_key)
             log.configure()  # FLAGGEMS_LOG; channels switched on in code count too
             channels = frozenset(c for c in log.CHANNELS if log.is_on(c))

@@ -9,8 +9,10 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 import flaggems
+from flaggems import OpImpl, hookimpl
 from flaggems.manager import PluginError
 from flaggems_fakes.plugins import AcmeVendor, BrokenProbe, GenericNeg, Misspelled, Raising
 
@@ -133,3 +135,28 @@ def test_cpu_backend_sets_triton_interpreter(runtime):
     active = flaggems.backend()
     if active.interpreter:
         assert os.environ.get("TRITON_INTERPRET") == "1"
+
+
+
+class _BrokenNeg:
+    """A plugin whose neg implementation points at a module that does not exist."""
+
+    @hookimpl
+    def flaggems_operators(self):
+        return [OpImpl("neg", "flaggems_fakes.no_such_module:neg"),
+                OpImpl("abs", "flaggems_fakes.kernels:reentrant_abs")]
+
+
+def test_an_implementation_that_fails_to_import_is_disabled_alone(runtime):
+    runtime.manager.register(_BrokenNeg(), "broken")
+    with pytest.warns(RuntimeWarning, match=r"plugin 'broken': the neg implementation failed to import"):
+        flaggems.enable()
+    try:
+        routes = {r["op"]: r for r in flaggems.routes()}
+        assert routes["neg"]["chosen"] == "native"
+        assert any("disabled" in note for note in routes["neg"]["notes"])
+        assert routes["abs"]["chosen"] == "broken"
+        x = torch.arange(4.0)
+        assert torch.equal(torch.neg(x), torch.tensor([-0.0, -1.0, -2.0, -3.0]))
+    finally:
+        flaggems.disable()
