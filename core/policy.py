@@ -108,6 +108,8 @@ def default_links(impls: Iterable[tuple[str, OpImpl]], active: ActiveBackend) ->
     for plugin, impl in impls:
         if impl.vendor is not None and impl.vendor != active.vendor:
             continue
+        if impl.dispatch_keys and active.dispatch_key not in impl.dispatch_keys:
+            continue
         tier = "generic" if impl.vendor is None else "vendor"
         by_op.setdefault(normalize_op(impl.op), []).append(Link(impl, plugin, tier))
     for links in by_op.values():

@@ -95,6 +95,7 @@ class OpImpl:
     vendor: str | None = None
     name: str | None = None
     dtypes: tuple[str, ...] = ()
+    dispatch_keys: tuple[str, ...] = ()
     replayable: bool = False
 
 

@@ -1,9 +1,8 @@
 """unfold (view), unfold_backward (gather) and Tensor.repeat end to end.
 
-On CPU and CUDA the generic plugin does not offer ``unfold`` (torch's view
-kernel runs; a simulated PrivateUse1 vendor gets a route that declines). These tests check the view
-implementation against every kit case with the route's ``supports`` bypassed,
-force the route on to run ``Tensor.repeat`` through it (what a PrivateUse1
+On CPU and CUDA the generic plugin does not offer ``unfold`` (its OpImpl
+declares PrivateUse1 only: torch's view kernel runs). These tests check the view
+implementation against every kit case, force the route on to run ``Tensor.repeat`` through it (what a PrivateUse1
 backend gets), and run ``unfold_backward`` through autograd.
 """
 
@@ -59,9 +58,15 @@ def test_view_shares_storage_and_offset():
     assert base[4] == -1.0
 
 
-def test_route_declines_on_cpu_and_cuda():
-    assert not uf.ROUTED and uf.supports is uf._decline
-    assert "PrivateUse1" in uf.supports(torch.zeros(3), 0, 1, 1)
+def test_unfold_is_offered_on_privateuse1_only():
+    """Declared on the OpImpl (dispatch_keys), decided by the policy: CPU and CUDA keep torch's view op."""
+    from flaggems.plugins.generic import OPERATORS
+
+    (impl,) = [i for i in OPERATORS if i.op == "unfold"]
+    assert impl.dispatch_keys == ("PrivateUse1",)
+    route = {r["op"]: r for r in flaggems.routes()}.get("unfold")
+    if flaggems.backend().dispatch_key != "PrivateUse1":
+        assert route is None or route["chosen"] == "native"
 
 
 def test_repeat_fp16_default_routes(dispatch_log):

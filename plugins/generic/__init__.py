@@ -30,25 +30,19 @@ OPERATORS: tuple[OpImpl, ...] = (
     OpImpl("native_group_norm", f"{__name__}.group_norm:native_group_norm", dtypes=_FLOATS),
     OpImpl("native_group_norm_backward", f"{__name__}.group_norm:native_group_norm_backward", dtypes=_FLOATS),
     OpImpl("group_norm", f"{__name__}.group_norm_op:group_norm", dtypes=_FLOATS),
-    OpImpl("unfold", f"{__name__}.unfold:unfold", supports=f"{__name__}.unfold:supports", dtypes=_COPY_DTYPES),
+    # unfold exists natively on CUDA and CPU as a view op, and a Python route that declines there still costs
+    # ~12 µs per call (measured on the CI host): it is offered only where the backend's torch lacks it.
+    OpImpl("unfold", f"{__name__}.unfold:unfold", dtypes=_COPY_DTYPES, dispatch_keys=("PrivateUse1",)),
     OpImpl("unfold_backward", f"{__name__}.unfold:unfold_backward", dtypes=_FLOATS),
 )
 
 
-#: Ops offered only where the backend's torch lacks them: the view op ``unfold``
-#: exists natively on CUDA and CPU, and a Python route that declines there
-#: still costs ~12 µs per call (measured on the CI host), so it is not offered.
-PRIVATEUSE1_ONLY = frozenset({"unfold"})
-
-
 @hookimpl
 def flaggems_operators(backend: Backend) -> tuple[OpImpl, ...]:
-    """Generic implementations apply on every backend (``unfold`` on PrivateUse1 only).
+    """Generic implementations apply on every backend (``unfold`` declares PrivateUse1 only).
 
     Every one is replayable: it launches through the toolkit's launcher and
     decides from metadata; the planner still keeps calls that sync, use a
     persistent workspace or need autograd on the Python path.
     """
-    offered = OPERATORS if backend.dispatch_key == "PrivateUse1" else tuple(
-        impl for impl in OPERATORS if impl.op not in PRIVATEUSE1_ONLY)
-    return tuple(dataclasses.replace(impl, replayable=True) for impl in offered)
+    return tuple(dataclasses.replace(impl, replayable=True) for impl in OPERATORS)

@@ -5,16 +5,11 @@
 kernel, no copy, 0-dim inputs, ``size == dim size`` and ``step > size``
 included, torch's error types and messages.
 
-Routing choice (read once, when this module is imported at ``enable()``): the
-implementation accepts calls only where the active backend's dispatch key is
-``PrivateUse1``. Such vendor devices often lack a native ``unfold`` view, and a
-view cannot fall back to the CPU (``Tensor.repeat`` then reads garbage). On
-CUDA and CPU torch's own kernel is the same ``as_strided`` arithmetic in C++;
-``supports`` declines there so the native kernel runs. The remaining cost
-there is the dispatcher's hop into flaggems' Python entry (a few µs per call):
-``FLAGGEMS_OP_unfold=native`` removes it, and a core option to skip
-registering a route whose every implementation declines would remove it by
-default.
+Routing: the ``OpImpl`` declares ``dispatch_keys=("PrivateUse1",)``, so the
+policy offers ``unfold`` only on such backends. Vendor devices there often
+lack a native ``unfold`` view, and a view cannot fall back to the CPU
+(``Tensor.repeat`` then reads garbage). On CUDA and CPU torch's own kernel is
+the same ``as_strided`` arithmetic in C++ and is never overridden.
 
 ``unfold_backward`` writes ``grad_input`` (contiguous, ``grad``'s dtype, as
 torch) with one gather kernel: each element of ``grad_input`` sums, in window
@@ -38,32 +33,15 @@ import torch
 import triton
 import triton.language as tl
 
-import flaggems
 from flaggems import Decline
 from flaggems.toolkit import FastLauncher, cdiv, collapse_dims, next_pow2
 from flaggems.toolkit.jit_helpers import index_type as _index
-
-#: Whether the active backend routes ``unfold`` here (see the module docstring).
-ROUTED = flaggems.backend().dispatch_key == "PrivateUse1"
-DECLINE_REASON = "unfold is routed only on PrivateUse1 backends (native view op elsewhere)"
 
 FLOAT_DTYPES = frozenset({torch.float16, torch.bfloat16, torch.float32, torch.float64})
 #: Elements of ``grad_input`` per program.
 TILE = 2048
 NUM_WARPS = 4
 INT32_LIMIT = 2**31
-
-
-def _accept(*args: Any, **kwargs: Any) -> bool:
-    return True
-
-
-def _decline(*args: Any, **kwargs: Any) -> str:
-    return DECLINE_REASON
-
-
-#: ``OpImpl.supports`` of ``unfold``: accepts on PrivateUse1 backends only.
-supports = _accept if ROUTED else _decline
 
 
 def wrap_dim(dim: int, ndim: int, wrap_scalar: bool = True) -> int:
