@@ -15,7 +15,7 @@ from typing import Any
 from . import backends, compiled, config, log, policy
 from .backends import ActiveBackend
 from .binding import Binding
-from .manager import PluginManager, fill_distributions
+from .manager import PluginError, PluginManager, fill_distributions
 from .types import Backend, OpImpl, Tuning, resolve_callable
 
 
@@ -66,6 +66,7 @@ class Runtime:
         self._binding: Binding | None = None
         self._enabled_with: tuple | None = None
         self._routes: dict[str, policy.Route] = {}
+        self._backend_owner: dict[str, str] = {}
         self.discovered = False
 
     # -- discovery and selection -------------------------------------------
@@ -77,24 +78,54 @@ class Runtime:
                 self.manager.discover()
 
     def vendor_backends(self) -> list[Backend]:
-        """Backends declared by the loaded plugins."""
+        """Backends declared by the loaded plugins (two with one name are an error naming both plugins)."""
         found: list[Backend] = []
+        owners: dict[str, str] = {b.name: "flaggems-core (built in)" for b in backends.BUILTIN}
+        self._backend_owner = {}
         for plugin, result in self.manager.call_each("flaggems_backends"):
             try:
-                found.extend(_as_records(result, Backend, plugin, "flaggems_backends"))
+                records = _as_records(result, Backend, plugin, "flaggems_backends")
             except TypeError as exc:
                 warnings.warn(f"flaggems: {exc}", RuntimeWarning, stacklevel=2)
+                continue
+            for backend in records:
+                if backend.name in owners:
+                    raise PluginError(f"backend {backend.name!r} is declared twice: by {owners[backend.name]} "
+                                      f"and by {self._who(plugin)}; uninstall one of them")
+                owners[backend.name] = self._who(plugin)
+                self._backend_owner[backend.name] = plugin
+                found.append(backend)
         return found
+
+    def _who(self, plugin: str) -> str:
+        """``plugin 'x' (distribution d v)`` for messages."""
+        record = self.manager.records.get(plugin)
+        if record is not None and not record.distribution:
+            fill_distributions({plugin: record})
+        dist = f" (distribution {record.distribution} {record.version})" if record and record.distribution else ""
+        return f"plugin {plugin!r}{dist}"
 
     def active_backend(self) -> ActiveBackend:
         """Select the backend on first use and cache the answer."""
         with self.lock:
             if self._active is None:
                 requested = config.get("FLAGGEMS_VENDOR")
-                self._active = backends.select(self.vendor_backends(), requested)
+                declared = self.vendor_backends()
+                if not requested:
+                    self._check_one_vendor_claims_the_device(declared)
+                self._active = backends.select(declared, requested)
                 backends.prepare_interpreter(self._active)
                 log.logger("plugins").info("backend %s (%s)", self._active.name, self._active.reason)
             return self._active
+
+    def _check_one_vendor_claims_the_device(self, declared: list[Backend]) -> None:
+        """Two vendor plugins whose probes both say yes: an error naming both (FLAGGEMS_VENDOR decides)."""
+        claims = [b for b in declared if backends.run_probe(b).available]
+        plugins = {self._backend_owner.get(b.name) for b in claims}
+        if len(plugins) > 1:
+            names = " and ".join(f"{b.name!r} of {self._who(self._backend_owner[b.name])}" for b in claims)
+            raise PluginError(f"two vendor plugins claim this machine's device: {names}; "
+                              f"set FLAGGEMS_VENDOR to one of {', '.join(repr(b.name) for b in claims)}")
 
     def reset(self) -> None:
         """Forget the backend choice (tests change the environment between calls)."""
@@ -107,11 +138,22 @@ class Runtime:
         """Every ``(plugin, OpImpl)`` offered for the active backend."""
         active = self.active_backend().backend
         impls: list[tuple[str, OpImpl]] = []
+        vendor_plugins = set(self._backend_owner.values())
         for plugin, result in self.manager.call_each("flaggems_operators", backend=active):
             try:
-                impls.extend((plugin, impl) for impl in _as_records(result, OpImpl, plugin, "flaggems_operators"))
+                records = _as_records(result, OpImpl, plugin, "flaggems_operators")
             except TypeError as exc:
                 warnings.warn(f"flaggems: {exc}", RuntimeWarning, stacklevel=2)
+                continue
+            for impl in records:
+                if plugin in vendor_plugins and impl.vendor is None:
+                    message = (f"flaggems: {self._who(plugin)} declares a backend, so its {impl.op} "
+                               f"implementation must name its vendor (OpImpl(..., vendor=...)); it is ignored")
+                    if config.get("FLAGGEMS_STRICT"):
+                        raise PluginError(message)
+                    warnings.warn(message, RuntimeWarning, stacklevel=2)
+                    continue
+                impls.append((plugin, impl))
         return impls
 
     def tuning(self) -> dict[str, dict[str, Any]]:

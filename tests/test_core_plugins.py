@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import flaggems
-from flaggems import OpImpl, hookimpl
+from flaggems import Backend, OpImpl, hookimpl
 from flaggems.manager import PluginError
 from flaggems_fakes.plugins import AcmeVendor, BrokenProbe, GenericNeg, Misspelled, Raising
 
@@ -160,3 +160,49 @@ def test_an_implementation_that_fails_to_import_is_disabled_alone(runtime):
         assert torch.equal(torch.neg(x), torch.tensor([-0.0, -1.0, -2.0, -3.0]))
     finally:
         flaggems.disable()
+
+
+class _TwinAcme(AcmeVendor):
+    """Another plugin declaring a backend named 'acme'."""
+
+
+class _Beta(AcmeVendor):
+    """A second vendor plugin whose device is present too."""
+
+    available = True
+
+    @hookimpl
+    def flaggems_backends(self):
+        return [Backend("beta", vendor="beta", device_type="acme", dispatch_key="PrivateUse1", probe=self.probe)]
+
+    @hookimpl
+    def flaggems_operators(self, backend):
+        return [OpImpl("neg", "flaggems_fakes.kernels:vendor_neg")]  # no vendor named
+
+
+def test_two_backends_with_one_name_are_an_error_naming_both(runtime):
+    runtime.manager.register(AcmeVendor(), "acme")
+    runtime.manager.register(_TwinAcme(), "acme-twin")
+    with pytest.raises(PluginError, match=r"backend 'acme' is declared twice") as raised:
+        flaggems.backend()
+    assert "plugin 'acme'" in str(raised.value) and "plugin 'acme-twin'" in str(raised.value)
+
+
+def test_two_vendor_plugins_claiming_the_device_are_an_error(runtime, monkeypatch):
+    acme = AcmeVendor()
+    acme.available = True
+    runtime.manager.register(acme, "acme")
+    runtime.manager.register(_Beta(), "beta")
+    with pytest.raises(PluginError, match=r"two vendor plugins claim .*FLAGGEMS_VENDOR") as raised:
+        flaggems.backend()
+    assert "plugin 'acme'" in str(raised.value) and "plugin 'beta'" in str(raised.value)
+    monkeypatch.setenv("FLAGGEMS_VENDOR", "beta")
+    assert flaggems.backend().name == "beta"
+
+
+def test_a_vendor_plugin_must_name_the_vendor_of_its_implementations(runtime, monkeypatch):
+    monkeypatch.setenv("FLAGGEMS_VENDOR", "beta")
+    runtime.manager.register(_Beta(), "beta")
+    with pytest.warns(RuntimeWarning, match=r"plugin 'beta'.* neg implementation must name its vendor"):
+        routes = {r["op"]: r for r in flaggems.routes()}
+    assert "neg" not in routes or routes["neg"]["chosen"] == "native"
