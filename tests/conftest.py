@@ -17,6 +17,7 @@ import pytest
 sys.path.insert(0, os.path.dirname(__file__))
 
 import flaggems  # noqa: E402
+from flaggems import log  # noqa: E402
 from flaggems.runtime import RUNTIME  # noqa: E402
 
 flaggems.backend()
@@ -53,6 +54,8 @@ def runtime(monkeypatch):
     RUNTIME.manager.records.update(saved_records)
     RUNTIME._active = None
     monkeypatch.undo()
+    for channel in log.CHANNELS:  # enable() under FLAGGEMS_LOG switched them on for the process
+        log.logger(channel).setLevel(logging.NOTSET)
     flaggems.backend()
 
 
@@ -64,6 +67,8 @@ def dispatch_log(monkeypatch, caplog):
         flaggems.enable()
         yield caplog
         flaggems.disable()
+    for channel in log.CHANNELS:  # enable() switched them on; later enables must not see them on
+        log.logger(channel).setLevel(logging.NOTSET)
 
 
 def ran(caplog) -> set[str]:
