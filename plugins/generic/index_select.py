@@ -7,8 +7,9 @@ is not the last one (the known peer implementation copied the whole input,
 twice). ``out`` is contiguous, as torch's.
 
 int64 and int32 indices. Invalid arguments decline to native (torch's error);
-out-of-range indices follow :mod:`flaggems.toolkit.checks` (RuntimeError with
-torch's CPU message when checking; masked, zeros written, otherwise).
+out-of-range indices follow :mod:`flaggems.toolkit.checks` (when checking,
+torch's CPU error: RuntimeError on its dim-1 path of rank 2 or more, IndexError
+"index out of range in self" on every other; masked, zeros written, otherwise).
 """
 
 from __future__ import annotations
@@ -29,6 +30,13 @@ def _valid(self: torch.Tensor, index: torch.Tensor) -> bool:
     return self.dim() > 0 or index.numel() == 1
 
 
+def _out_of_range(source: torch.Tensor, dim: int, bad: int, size: int) -> Exception:
+    """torch's CPU error: its dim-1 path (rank 2 or more) raises RuntimeError, every other path IndexError."""
+    if source.dim() > 1 and dim == 1:
+        return RuntimeError(f"INDICES element is out of DATA bounds, id={bad} axis_dim={size}")
+    return IndexError("index out of range in self")
+
+
 def index_select(self: torch.Tensor, dim: int, index: torch.Tensor) -> torch.Tensor:
     """``torch.index_select(self, dim, index)``."""
     wrap = max(self.dim(), 1)
@@ -37,10 +45,12 @@ def index_select(self: torch.Tensor, dim: int, index: torch.Tensor) -> torch.Ten
     source = self.reshape(1) if self.dim() == 0 else self
     dim = dim % wrap
     size = source.shape[dim]
+    if size == 0 and index.numel():
+        raise Decline("indices into an empty dimension: the native kernel raises torch's error")
     if checks.enabled():
         bad = checks.first_out_of_range(index, size)
         if bad is not None:
-            raise RuntimeError(f"INDICES element is out of DATA bounds, id={bad} axis_dim={size}")
+            raise _out_of_range(source, dim, bad, size)
     shape = list(source.shape)
     shape[dim] = index.numel()
     out = torch.empty(shape, dtype=self.dtype, device=self.device)

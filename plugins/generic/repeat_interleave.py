@@ -485,13 +485,15 @@ def _needs_autograd(tensor: torch.Tensor) -> bool:
 
 
 def _flatten(self: torch.Tensor, dim: int | None) -> tuple[torch.Tensor, int] | None:
-    """The input and dimension to repeat along (``dim=None`` flattens); None if dim is invalid."""
+    """The input and dimension to repeat along (``dim=None`` flattens); None if dim is invalid.
+
+    An explicit ``dim`` on a 0-dim tensor is invalid: torch raises IndexError for it (native serves it).
+    """
     if dim is None:
         return (self if self.dim() == 1 else self.reshape(-1)), 0
-    wrap = max(self.dim(), 1)
-    if not -wrap <= dim < wrap:
+    if self.dim() == 0 or not -self.dim() <= dim < self.dim():
         return None
-    return (self.reshape(1) if self.dim() == 0 else self), dim % wrap
+    return self, dim % self.dim()
 
 
 def repeat_interleave_self_int(self: torch.Tensor, repeats: int, dim: int | None = None,

@@ -30,6 +30,17 @@ def _cases():
     yield _select("empty-input", lambda d: values((0, 6), f32, d), 1, [1, 2])
     yield _select("error-out-of-range", lambda d: values((2, 3), f32, d), 1, [0, 3], raises=RuntimeError,
                   match="out of", tags=(DEVICE_ASSERT,))
+    # torch's CPU kernel: IndexError everywhere except dim 1 of a tensor of rank 2 or more (its dim-1 path).
+    yield _select("error-out-of-range-dim0", lambda d: values((4, 3), f32, d), 0, [1, 4], raises=IndexError,
+                  match="index out of range in self", tags=(DEVICE_ASSERT,))
+    yield _select("error-out-of-range-1d", lambda d: values((5,), f32, d), 0, [-6], raises=IndexError,
+                  match="index out of range in self", tags=(DEVICE_ASSERT,))
+    yield _select("error-out-of-range-last-of-3d", lambda d: values((2, 3, 4), f32, d), 2, [4], raises=IndexError,
+                  match="index out of range in self", tags=(DEVICE_ASSERT,))
+    yield _select("error-out-of-range-dim1-of-3d", lambda d: values((2, 3, 4), f32, d), 1, [3],
+                  raises=RuntimeError, match="INDICES element is out of DATA bounds", tags=(DEVICE_ASSERT,))
+    yield _select("error-empty-axis", lambda d: values((5, 0), f32, d), 1, [0], raises=RuntimeError,
+                  match="axis dim should be positive", tags=(DEVICE_ASSERT,))
     # CPU: IndexError "... a vector"; CUDA: RuntimeError "... an empty tensor or a vector".
     yield _select("error-index-2d", lambda d: values((2, 3), f32, d), 1, [[0, 1]], raises=(IndexError, RuntimeError),
                   match="Index is supposed to be")

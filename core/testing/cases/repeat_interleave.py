@@ -56,6 +56,9 @@ def _self_tensor_cases():
     yield Case("error-wrong-output-size", lambda d: ((torch.arange(2, device=d), _repeats([1, 2], d)),
                                                      {"output_size": 5}),
                raises=RuntimeError, match="allocated size does not match required size", tags=(DEVICE_ASSERT,))
+    yield Case("error-dim-of-0-dim-input", lambda d: ((values((), f32, d), _repeats([2], d)), {"dim": 0}),
+               raises=IndexError, match="Dimension specified as 0 but tensor has no dimensions")
+    yield Case("zero-dim-input-flattens", lambda d: ((values((), f32, d), _repeats([3], d)), {}))
 
 
 def _self_int_cases():
@@ -72,6 +75,9 @@ def _self_int_cases():
                match="non-negative")
     yield Case("error-wrong-output-size", lambda d: ((values((2, 4), f32, d), 2), {"dim": 1, "output_size": 9}),
                raises=RuntimeError, match="Invalid output_size")
+    yield Case("error-dim-of-0-dim-input", lambda d: ((values((), f32, d), 2), {"dim": 0}), raises=IndexError,
+               match="Dimension out of range")
+    yield Case("zero-dim-input-flattens", lambda d: ((values((), f32, d), 2), {}))
 
 
 register_cases("repeat_interleave.Tensor", list(_tensor_cases()))
