@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -23,7 +24,8 @@ def _print_info(data: dict[str, Any]) -> None:
     print("plugins:")
     for plugin in data["plugins"]:
         dist = f"{plugin['distribution']} {plugin['version']}".strip() or "-"
-        error = f"  error: {plugin['error']}" if plugin["error"] else ""
+        label = "reason" if plugin["status"] == "skipped" else "error"
+        error = f"  {label}: {plugin['error']}" if plugin["error"] else ""
         print(f"  {plugin['status']:<7} {plugin['name']:<12} {plugin['entry_point']:<36} {dist}{error}")
     print(f"entry: {data['entry']['active']}  ({data['entry']['reason']})")
     print(f"enabled: {data['enabled']}")
@@ -90,8 +92,11 @@ BUILTIN = tuple(COMMANDS)
 
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of the ``flaggems`` command."""
+    from . import __version__
+
     parser = argparse.ArgumentParser(prog="flaggems", description="Triton operators for PyTorch, with vendor plugins")
-    sub = parser.add_subparsers(dest="command", required=True)
+    parser.add_argument("--version", action="version", version=f"flaggems {__version__}")
+    sub = parser.add_subparsers(dest="command")
     for name in BUILTIN:
         help_text = COMMANDS[name][1]
         cmd = sub.add_parser(name, help=help_text)
@@ -116,9 +121,20 @@ def _add_extra_commands(sub: Any) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``flaggems`` console script."""
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command is None:
+        parser.print_help()
+        return 0
     handler = COMMANDS[args.command][0]
-    return handler(args)
+    try:
+        return handler(args)
+    except BrokenPipeError:  # `flaggems info | head`: the reader left; say nothing more
+        sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - Python flushes stdout at exit
+        return 0
+    except (ValueError, RuntimeError) as exc:  # configuration mistakes: one line that names the fix
+        print(f"flaggems: error: {exc}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

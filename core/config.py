@@ -8,6 +8,7 @@ names get a warning, so a typo never silently does nothing.
 
 from __future__ import annotations
 
+import difflib
 import os
 import warnings
 from collections.abc import Callable, Mapping
@@ -84,7 +85,8 @@ REGISTRY: dict[str, EnvVar] = {
                "the valid ones). Without the hardware the vendor's implementations run "
                "simulated on the device that exists.", _parse_str),
         EnvVar("FLAGGEMS_PLUGINS", "list", (),
-               "Allowlist of plugin entry-point names to load; empty loads all.", parse_list),
+               "Allowlist of plugin entry-point names to load; empty loads all. The default plugin (generic) "
+               "is always loaded unless FLAGGEMS_DISABLE_PLUGINS names it.", parse_list),
         EnvVar("FLAGGEMS_DISABLE_PLUGINS", "list", (),
                "Plugin entry-point names not to load (applied before import).", parse_list),
         EnvVar("FLAGGEMS_FORCE", "choice", "",
@@ -143,15 +145,23 @@ def unknown_names(environ: Mapping[str, str] | None = None) -> list[str]:
     )
 
 
+#: Names FlagGems users set out of habit, and the variable that does it here.
+HABITS = {"GEMS_VENDOR": "FLAGGEMS_VENDOR", "FLAGGEMS_BACKEND": "FLAGGEMS_VENDOR", "FLAGGEMS_DEVICE": "FLAGGEMS_VENDOR"}
+
+
 def warn_unknown(environ: Mapping[str, str] | None = None) -> None:
-    """Warn once about every unknown ``FLAGGEMS_*`` variable."""
+    """Warn once about every unknown ``FLAGGEMS_*`` variable (with the closest known names) and FlagGems habits."""
+    env = os.environ if environ is None else environ
+    for habit, ours in HABITS.items():
+        if habit in env:
+            warnings.warn(f"{habit}={env[habit]} is FlagGems' variable and is ignored here; "
+                          f"set {ours}={env[habit]} instead", RuntimeWarning, stacklevel=3)
     for name in unknown_names(environ):
-        warnings.warn(
-            f"unknown environment variable {name} is ignored; "
-            f"known: {', '.join(sorted(REGISTRY))}",
-            RuntimeWarning,
-            stacklevel=3,
-        )
+        if name in HABITS:
+            continue
+        close = difflib.get_close_matches(name, sorted(REGISTRY), n=2)
+        hint = f"did you mean {', '.join(close)}?" if close else f"known: {', '.join(sorted(REGISTRY))}"
+        warnings.warn(f"unknown environment variable {name} is ignored; {hint}", RuntimeWarning, stacklevel=3)
 
 
 def markdown_table() -> str:

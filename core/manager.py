@@ -8,6 +8,7 @@ failed with its error, named in one warning, and everything else keeps working.
 
 from __future__ import annotations
 
+import difflib
 import importlib.metadata
 import threading
 import warnings
@@ -73,6 +74,10 @@ def _list_entry_points() -> list[importlib.metadata.EntryPoint]:
     return list(seen.values())
 
 
+#: Entry-point name of the default plugin (the generic kernels of flaggems-core).
+DEFAULT_PLUGIN = "generic"
+
+
 class PluginManager:
     """Owns the pluggy manager and the records of every plugin seen."""
 
@@ -88,6 +93,8 @@ class PluginManager:
         """Load every plugin of the entry-point group, honouring allow/deny lists."""
         allow = set(config.get("FLAGGEMS_PLUGINS", environ))
         deny = set(config.get("FLAGGEMS_DISABLE_PLUGINS", environ))
+        if allow:
+            allow.add(DEFAULT_PLUGIN)  # the generic kernels stay unless FLAGGEMS_DISABLE_PLUGINS names them
         for ep in _list_entry_points():
             if (allow and ep.name not in allow) or ep.name in deny:
                 reason = "not in FLAGGEMS_PLUGINS" if allow and ep.name not in allow else "in FLAGGEMS_DISABLE_PLUGINS"
@@ -95,6 +102,12 @@ class PluginManager:
                 self._plog.info("skipped plugin %s (%s)", ep.name, reason)
                 continue
             self._load_entry_point(ep)
+        found = {ep.name for ep in _list_entry_points()}
+        for name in sorted((allow | deny) - found - {DEFAULT_PLUGIN}):
+            close = difflib.get_close_matches(name, sorted(found), n=2)
+            hint = f"; did you mean {', '.join(close)}?" if close else f"; installed: {', '.join(sorted(found))}"
+            warnings.warn(f"flaggems: FLAGGEMS_PLUGINS/FLAGGEMS_DISABLE_PLUGINS name {name!r}, which is not an "
+                          f"installed plugin{hint}", RuntimeWarning, stacklevel=2)
 
     def _load_entry_point(self, ep: importlib.metadata.EntryPoint) -> None:
         try:

@@ -17,6 +17,7 @@ Overrides, highest precedence first:
 
 from __future__ import annotations
 
+import difflib
 import sys
 import warnings
 from collections.abc import Iterable, Mapping, Sequence
@@ -93,8 +94,15 @@ def load_routes_file(path: str) -> dict[str, str]:
         import tomllib
     else:  # pragma: no cover - Python 3.10
         import tomli as tomllib
-    with open(path, "rb") as handle:
-        data = tomllib.load(handle)
+    try:
+        with open(path, "rb") as handle:
+            data = tomllib.load(handle)
+    except OSError as exc:
+        raise PolicyError(f"FLAGGEMS_ROUTES={path}: cannot read the routes file ({exc.strerror or exc}); "
+                          f"fix the path or unset FLAGGEMS_ROUTES") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise PolicyError(f"FLAGGEMS_ROUTES={path}: not valid TOML ({exc}); expected lines like "
+                          f'copy_ = "native"') from None
     routes = data.get("routes", data)
     bad = {k: v for k, v in routes.items() if not isinstance(v, str)}
     if bad:
@@ -202,9 +210,26 @@ def resolve(impls: Iterable[tuple[str, OpImpl]], active: ActiveBackend, override
         for note in notes:
             warnings.warn(f"flaggems: {op}: {note}", RuntimeWarning, stacklevel=3)
         routes[op] = _route_for(op, links, active, overrides, notes, strict)
+    implemented = set(routes)
     for op in sorted((overrides.include or frozenset()) - routes.keys()):
         routes[op] = Route(op, (), "enable(include=...)", "no implementation of this op is installed")
+    _warn_unknown_ops(overrides, implemented)
     return routes
+
+
+def _warn_unknown_ops(overrides: Overrides, implemented: set[str]) -> None:
+    """One warning per override naming an op no installed plugin implements, with the closest names."""
+    named = [(op, f"{config.OP_PREFIX}{op.replace('.', '__')}") for op in overrides.per_op_env]
+    named += [(op, f"the routes file {overrides.routes_path}") for op in overrides.routes_file]
+    named += [(op, "enable(include=...)") for op in sorted(overrides.include or ())]
+    named += [(op, "enable(exclude=...)") for op in sorted(overrides.exclude)]
+    for op, source in named:
+        if op in implemented:
+            continue
+        close = difflib.get_close_matches(op, sorted(implemented), n=3)
+        hint = f"; did you mean {', '.join(close)}?" if close else ""
+        warnings.warn(f"flaggems: {source} names {op!r}, which no installed plugin implements{hint}",
+                      RuntimeWarning, stacklevel=4)
 
 
 def _route_for(op: str, links: list[Link], active: ActiveBackend, overrides: Overrides,

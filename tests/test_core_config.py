@@ -60,3 +60,33 @@ def test_python_dash_m():
                           timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert '"backend"' in proc.stdout
+
+
+def test_unknown_names_get_a_did_you_mean_and_habits_point_to_ours():
+    with pytest.warns(RuntimeWarning, match="did you mean FLAGGEMS_VENDOR"):
+        config.warn_unknown({"FLAGGEMS_VENDR": "ascend"})
+    for habit in ("GEMS_VENDOR", "FLAGGEMS_BACKEND"):
+        with pytest.warns(RuntimeWarning, match=f"{habit}=ascend is FlagGems' variable .* set FLAGGEMS_VENDOR=ascend"):
+            config.warn_unknown({habit: "ascend"})
+
+
+def test_cli_version_help_and_configuration_errors(capsys, monkeypatch, tmp_path):
+    with pytest.raises(SystemExit):
+        cli.main(["--version"])
+    assert capsys.readouterr().out.startswith("flaggems ")
+    assert cli.main([]) == 0
+    assert "usage: flaggems" in capsys.readouterr().out
+    monkeypatch.setenv("FLAGGEMS_ROUTES", str(tmp_path / "missing.toml"))
+    assert cli.main(["routes"]) == 2
+    assert "FLAGGEMS_ROUTES=" in capsys.readouterr().err
+    bad = tmp_path / "bad.toml"
+    bad.write_text("copy_ = \n")
+    monkeypatch.setenv("FLAGGEMS_ROUTES", str(bad))
+    assert cli.main(["routes"]) == 2
+    assert "not valid TOML" in capsys.readouterr().err
+
+
+def test_info_piped_into_head_ends_quietly():
+    proc = subprocess.run(f"{sys.executable} -m flaggems info | head -1", shell=True, capture_output=True,
+                          text=True, timeout=120)
+    assert "BrokenPipe" not in proc.stderr and "Traceback" not in proc.stderr

@@ -206,3 +206,12 @@ def test_a_vendor_plugin_must_name_the_vendor_of_its_implementations(runtime, mo
     with pytest.warns(RuntimeWarning, match=r"plugin 'beta'.* neg implementation must name its vendor"):
         routes = {r["op"]: r for r in flaggems.routes()}
     assert "neg" not in routes or routes["neg"]["chosen"] == "native"
+
+
+def test_an_allowlist_keeps_the_default_plugin():
+    env = {**os.environ, "FLAGGEMS_PLUGINS": "ascend"}
+    code = ("import flaggems, json; "
+            "print(json.dumps([p['name'] for p in flaggems.info()['plugins'] if p['status'] == 'loaded']))")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
+    assert proc.returncode == 0, proc.stderr
+    assert "generic" in json.loads(proc.stdout.strip().splitlines()[-1])

@@ -120,3 +120,16 @@ def test_tuning_vendor_overrides_generic(acme):
 
     acme.manager.register(GenericTuning(), "tuning")
     assert flaggems.tuning("elementwise") == {"max_ctas": 12, "block_size": 1024}
+
+
+def test_overrides_naming_an_unknown_op_warn_with_the_closest_names(runtime, monkeypatch):
+    from flaggems_fakes.plugins import GenericNeg
+
+    runtime.manager.register(GenericNeg(), "fake-generic")
+    monkeypatch.setenv("FLAGGEMS_OP_ne", "native")
+    with pytest.warns(RuntimeWarning, match=r"FLAGGEMS_OP_ne names 'ne', which no installed plugin implements; "
+                                            r"did you mean neg"):
+        flaggems.routes()
+    with pytest.warns(RuntimeWarning, match=r"enable\(include=...\) names 'abss'.*did you mean abs"):
+        flaggems.enable(include=["abss"])  # the routes computed again at enable() warn about FLAGGEMS_OP_ne too
+    flaggems.disable()
