@@ -267,3 +267,41 @@ def test_zeroed_scratch_differs_between_streams():
         there = workspace.zeroed_scratch(like, 10)
         there_lock = workspace.claim_scratch(like, 10)[1]
     assert here.data_ptr() != there.data_ptr() and here_lock is not there_lock
+
+
+def test_interpreted_launches_from_many_threads():
+    """Triton's interpreter keeps launch state in globals: concurrent routed calls must all come out right."""
+    import threading
+
+    import flaggems
+    from flaggems.binding import native_scope
+
+    if not flaggems.backend().interpreter:
+        pytest.skip("the interpreter's lock only matters on the CPU backend")
+    failures: list[str] = []
+
+    def work(seed: int) -> None:
+        try:
+            steps(seed)
+        except Exception as exc:  # noqa: BLE001 - a thread's exception must fail the test, not only warn
+            failures.append(f"thread {seed}: {type(exc).__name__}: {exc}")
+
+    def steps(seed: int) -> None:
+        gen = torch.Generator().manual_seed(seed)
+        for step in range(6):
+            src = torch.randn(5 + seed, 7 + step, generator=gen)
+            index = torch.randint(0, 5 + seed, (4,), generator=gen)
+            dst = torch.empty(7 + step, 5 + seed)
+            dst.copy_(src.t())
+            picked = torch.index_select(src, 0, index)
+            with native_scope():
+                if not torch.equal(dst, src.t()) or not torch.equal(picked, src[index]):
+                    failures.append(f"thread {seed} step {step}")
+
+    with flaggems.enabled():
+        threads = [threading.Thread(target=work, args=(seed,)) for seed in range(8)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    assert not failures
