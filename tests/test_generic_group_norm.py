@@ -85,7 +85,7 @@ def test_gradcheck_float64(composite_log):
 def _forward_against_contiguous(x, group, weight=None, bias=None):
     N, C = x.shape[:2]
     HxW = x.numel() // (N * C)
-    y, mean, rstd = gn.native_group_norm(x, weight, bias, N, C, HxW, group, 1e-5)
+    y, mean, rstd = gn.native_group_norm(x, weight, bias, N, C, HxW, group, 1e-5, dense_only=False)  # group_norm's way
     ey, emean, erstd = A.native_group_norm(x.contiguous(), weight, bias, N, C, HxW, group, 1e-5)
     for a, e in ((y, ey), (mean, emean), (rstd, erstd)):
         assert_close(a, e, ulps=64)
@@ -108,6 +108,13 @@ def test_strided_inputs_torch_rejects(make):
     weight, bias = torch.randn(C, device=DEV), torch.randn(C, device=DEV)
     y = _forward_against_contiguous(x, C // 2 if C % 2 == 0 else 1, weight, bias)
     assert y.shape == x.shape
+
+
+def test_the_aten_op_on_an_input_torch_rejects_raises_torchs_error():
+    """A direct aten::native_group_norm call on a sliced input declines: torch's kernel raises its error."""
+    x = torch.randn(2, 6, 4, 10, device=DEV)[..., ::2]
+    with flaggems.enabled(), pytest.raises(RuntimeError, match=r"Expected X.is_contiguous\(memory_format\)"):
+        torch.ops.aten.native_group_norm(x, None, None, 2, 6, 20, 3, 1e-5)
 
 
 def test_strided_backward_and_mixed_layouts_against_float64():

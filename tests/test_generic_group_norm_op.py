@@ -68,9 +68,9 @@ def spy(monkeypatch):
     calls = {"fwd": [], "bwd": []}
     forward, backward = gn.native_group_norm, gn.native_group_norm_backward
 
-    def fwd(*args):
+    def fwd(*args, **kwargs):
         calls["fwd"].append(args)
-        return forward(*args)
+        return forward(*args, **kwargs)
 
     def bwd(*args):
         calls["bwd"].append(args)

@@ -691,18 +691,24 @@ def _param_key(p: torch.Tensor | None) -> tuple | None:
 
 
 def native_group_norm(input: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None, N: int, C: int,
-                      HxW: int, group: int, eps: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                      HxW: int, group: int, eps: float, dense_only: bool = True,
+                      ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """``aten::native_group_norm``: ``(y, mean, rstd)`` exactly as torch returns them.
 
+    As the aten op (``dense_only``), an input that is not dense in its suggested
+    memory format declines: torch's kernel raises for it. ``aten::group_norm``
+    (:mod:`.group_norm_op`) passes ``dense_only=False`` and reads any layout in place.
     Everything checked depends only on the plan key: a call whose key has a
     plan was valid, so the hot path checks nothing.
     """
     key = (input.shape, input.stride(), input.dtype, input.device, _param_key(weight), _param_key(bias), N, C, HxW,
-           group)
+           group, dense_only)
     plan = _FORWARD_PLANS.get(key)
     if plan is None:
         check_group_norm_inputs(input, weight, bias, C, group)
         reason = _forward_reason(input, weight, bias, N, C, HxW)
+        if reason is None and dense_only and not input.is_contiguous(memory_format=suggest_memory_format(input)):
+            reason = "input not dense in its memory format: torch's kernel raises for it"
         if reason is not None:
             raise Decline(reason)
         if len(_FORWARD_PLANS) >= _PLAN_LIMIT:

@@ -104,7 +104,7 @@ class GroupNormFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, input, weight, bias, N, C, HxW, group, eps):
         """Our forward kernels; mean and rstd are kept for the backward."""
-        y, mean, rstd = kernels.native_group_norm(input, weight, bias, N, C, HxW, group, eps)
+        y, mean, rstd = kernels.native_group_norm(input, weight, bias, N, C, HxW, group, eps, dense_only=False)
         ctx.save_for_backward(input, weight, bias, mean, rstd)
         ctx.dims, ctx.eps = (N, C, HxW, group), eps
         return y
@@ -141,4 +141,4 @@ def group_norm(input: torch.Tensor, num_groups: int, weight: torch.Tensor | None
         if weight is None and _requires_grad(bias):
             raise Decline("bias needs grad without a weight (torch's backward raises)")
         return GroupNormFunction.apply(input, weight, bias, N, C, HxW, num_groups, eps)
-    return kernels.native_group_norm(input, weight, bias, N, C, HxW, num_groups, eps)[0]
+    return kernels.native_group_norm(input, weight, bias, N, C, HxW, num_groups, eps, dense_only=False)[0]
