@@ -14,6 +14,7 @@ Order (no subprocesses, no kernel compiles):
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -132,3 +133,31 @@ def prepare_interpreter(active: ActiveBackend) -> None:
     """
     if active.interpreter:
         os.environ["TRITON_INTERPRET"] = "1"
+        if "triton" in sys.modules:
+            _interpret_triton_library()
+
+
+def _interpret_triton_library() -> None:
+    """Triton was imported before the interpreter was chosen: interpret its own ``@jit`` helpers too.
+
+    ``tl.sum``, ``tl.cdiv``, ``tl.cumsum``'s combine functions... are decorated
+    when ``triton.language`` is imported. Imported without ``TRITON_INTERPRET``
+    they are compiled-mode ``JITFunction`` objects, which an interpreted kernel
+    cannot call ("Cannot call @triton.jit'd outside of the scope of a kernel",
+    triton 3.9). Each is replaced, in every loaded ``triton.language`` module,
+    by the interpreted function that decorating it now would have produced.
+    """
+    from triton.runtime.interpreter import InterpretedFunction
+    from triton.runtime.jit import JITFunction
+
+    replaced: dict[int, InterpretedFunction] = {}
+    for name, module in list(sys.modules.items()):
+        if module is None or not (name == "triton.language" or name.startswith("triton.language.")):
+            continue
+        for attr, value in list(vars(module).items()):
+            if isinstance(value, JITFunction):
+                if id(value) not in replaced:
+                    replaced[id(value)] = InterpretedFunction(
+                        value.fn, version=value.version, do_not_specialize=value.do_not_specialize,
+                        debug=value.debug, noinline=value.noinline)
+                setattr(module, attr, replaced[id(value)])

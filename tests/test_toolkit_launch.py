@@ -305,3 +305,26 @@ def test_interpreted_launches_from_many_threads():
         for t in threads:
             t.join()
     assert not failures
+
+
+def test_triton_imported_before_flaggems_still_interprets():
+    """``import triton`` first, then flaggems selects the interpreter: Triton's own helpers must be interpreted."""
+    import os
+    import subprocess
+    import sys
+
+    if not flaggems.backend().interpreter:
+        pytest.skip("only the CPU interpreter backend is concerned")
+    script = (
+        "import triton, torch, flaggems\n"
+        "flaggems.enable()\n"
+        "x = torch.randn(2, 6, 4, 4)\n"
+        "y = torch.nn.functional.group_norm(x, 3)\n"
+        "r = torch.repeat_interleave(torch.tensor([1, 2]), torch.tensor([2, 1]))\n"
+        "assert r.tolist() == [1, 1, 2]\n"
+        "with flaggems.binding.native_scope():\n"
+        "    assert torch.allclose(y, torch.nn.functional.group_norm(x, 3), atol=1e-5)\n"
+        "print('ok')\n")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0 and done.stdout.strip().endswith("ok"), done.stderr[-2000:]
