@@ -15,7 +15,6 @@ both happen at the first ``enable()``, ``routes()`` or ``info()``.
 from __future__ import annotations
 
 import contextlib
-import warnings
 from collections.abc import Iterable, Iterator
 from typing import Any
 
@@ -126,8 +125,8 @@ def _on_import() -> None:
 
     try:
         log.configure()
-    except ValueError as exc:
-        warnings.warn(f"flaggems: {exc}", RuntimeWarning, stacklevel=3)
+    except ValueError:
+        pass  # a bad FLAGGEMS_LOG must not break the import: enable() reports it (config.validate), once
     _runtime().discover()
 
 

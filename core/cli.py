@@ -73,7 +73,7 @@ def cmd_env(args: argparse.Namespace) -> int:
         print(config.markdown_table())
         return 0
     for var in config.REGISTRY.values():
-        print(f"{var.name} ({var.kind}, default {var.default!r}): {var.doc}")
+        print(f"{var.name} ({var.kind}, default {var.default!r}) = {config.current(var.name)}: {var.doc}")
     for name in config.unknown_names():
         print(f"warning: unknown variable {name} is set", file=sys.stderr)
     return 0

@@ -126,6 +126,27 @@ def get(name: str, environ: Mapping[str, str] | None = None) -> Any:
     return REGISTRY[name].read(environ)
 
 
+def current(name: str, environ: Mapping[str, str] | None = None) -> str:
+    """What ``name`` is set to now, as ``flaggems env`` shows it (``<op>`` variables listed together)."""
+    env = os.environ if environ is None else environ
+    if name == OP_PREFIX + "<op>":
+        found = [f"{k}={v}" for k, v in sorted(env.items()) if k.startswith(OP_PREFIX)]
+        return ", ".join(found) if found else "(none set)"
+    return repr(env[name]) if name in env else "(not set)"
+
+
+def validate(environ: Mapping[str, str] | None = None) -> None:
+    """Parse every set variable now, so a bad value fails ``enable()`` with its name, not a later op call."""
+    env = os.environ if environ is None else environ
+    for var in REGISTRY.values():
+        if var.name in env:
+            var.read(env)
+    channels = REGISTRY["FLAGGEMS_LOG"].read(env)
+    unknown = [c for c in channels if c not in LOG_CHANNELS]
+    if unknown:
+        raise ValueError(f"FLAGGEMS_LOG: unknown channel(s) {unknown}; known: {', '.join(LOG_CHANNELS)}")
+
+
 def op_overrides(environ: Mapping[str, str] | None = None) -> dict[str, str]:
     """Return ``{op: route}`` from ``FLAGGEMS_OP_<op>`` variables (``__`` means ``.``)."""
     env = os.environ if environ is None else environ

@@ -37,7 +37,9 @@ def configure(channels: tuple[str, ...] | None = None) -> frozenset[str]:
     for channel in wanted:
         log = logger(channel)
         log.setLevel(logging.INFO)
-        if not log.handlers and not getattr(log, _HANDLER_ATTR, False):
+        # The application's own logging (a handler on the root logger) prints our records once; ours would
+        # print them a second time.
+        if not log.handlers and not getattr(log, _HANDLER_ATTR, False) and not logging.getLogger().handlers:
             handler = logging.StreamHandler(sys.stderr)
             handler.setFormatter(logging.Formatter("[%(name)s] %(message)s"))
             log.addHandler(handler)

@@ -183,6 +183,7 @@ class Runtime:
     def enable(self, include: Iterable[str] | None = None, exclude: Iterable[str] | None = None) -> None:
         """Register the routed ops on the backend's dispatch key (idempotent)."""
         key = (None if include is None else tuple(sorted(include)), tuple(sorted(exclude or ())))
+        config.validate()
         with self.lock:
             if self._binding is not None and self._enabled_with == key:
                 return

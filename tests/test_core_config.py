@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+import flaggems
 from flaggems import cli, config
 
 README = Path(__file__).resolve().parent.parent / "README.md"
@@ -90,3 +91,24 @@ def test_info_piped_into_head_ends_quietly():
     proc = subprocess.run(f"{sys.executable} -m flaggems info | head -1", shell=True, capture_output=True,
                           text=True, timeout=120)
     assert "BrokenPipe" not in proc.stderr and "Traceback" not in proc.stderr
+
+
+@pytest.mark.parametrize("name, value, message", [
+    ("FLAGGEMS_CHECK_INDICES", "maybe", "FLAGGEMS_CHECK_INDICES='maybe' is not a boolean"),
+    ("FLAGGEMS_GROUPED_SCATTER", "perhaps", "FLAGGEMS_GROUPED_SCATTER='perhaps' is not a boolean"),
+    ("FLAGGEMS_LOG", "bogus", r"FLAGGEMS_LOG: unknown channel\(s\) \['bogus'\]"),
+    ("FLAGGEMS_ENTRY", "fast", "FLAGGEMS_ENTRY='fast': expected one of auto, compiled, python"),
+])
+def test_bad_values_fail_enable_naming_the_variable(runtime, monkeypatch, name, value, message):
+    monkeypatch.setenv(name, value)
+    with pytest.raises(ValueError, match=message):
+        flaggems.enable()
+    assert not flaggems.is_enabled()
+
+
+def test_env_shows_current_values(capsys, monkeypatch):
+    monkeypatch.setenv("FLAGGEMS_STRICT", "1")
+    monkeypatch.setenv("FLAGGEMS_OP_copy_", "native")
+    assert cli.main(["env"]) == 0
+    out = capsys.readouterr().out
+    assert "FLAGGEMS_STRICT (bool, default False) = '1'" in out and "FLAGGEMS_OP_copy_=native" in out
