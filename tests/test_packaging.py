@@ -125,6 +125,14 @@ def _info(python: Path, **extra: str) -> dict:
     return json.loads(out.strip().splitlines()[-1])
 
 
+def test_one_op_runs_in_the_clean_venv(venv_python: Path) -> None:
+    """The wheels declare what they import (numpy for the interpreter, ninja for the compiled entry)."""
+    code = ("import torch, flaggems; flaggems.enable(); x = torch.randn(4, 3); y = torch.empty(3, 4); "
+            "y.copy_(x.t()); print(torch.equal(y, x.t()), flaggems.info()['entry']['active'])")
+    out = _run([venv_python, "-c", code], timeout=600).stdout.strip().splitlines()[-1]
+    assert out == "True compiled", out
+
+
 def test_installed_plugins_load(venv_python: Path) -> None:
     """Both plugins load from their own distributions; the ascend probe says why it is off."""
     info = _info(venv_python)

@@ -43,12 +43,27 @@ def _build_name() -> str:
     return f"flaggems_entry_{digest.hexdigest()[:16]}"
 
 
+def _put_pip_ninja_on_path() -> None:
+    """torch's tooling runs ``ninja`` from PATH; the pip package's binary sits in the environment's scripts
+    folder, which is not on PATH when that environment's python is run directly."""
+    if shutil.which("ninja") is not None:
+        return
+    try:
+        import ninja
+    except ImportError:
+        return
+    folder = getattr(ninja, "BIN_DIR", None)
+    if folder and os.path.exists(os.path.join(folder, "ninja")):
+        os.environ["PATH"] = folder + os.pathsep + os.environ.get("PATH", "")
+
+
 def _missing_tools() -> str | None:
     from torch.utils import cpp_extension
 
     compiler = os.environ.get("CXX", "c++")
     if shutil.which(compiler) is None and shutil.which("g++") is None:
         return f"no C++ compiler ({compiler!r} not on PATH)"
+    _put_pip_ninja_on_path()
     if not cpp_extension.is_ninja_available():
         return "ninja is not installed (pip install ninja)"
     return None
