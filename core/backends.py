@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from .types import Backend, ProbeResult, resolve_callable
@@ -91,8 +91,21 @@ def _fallback_device() -> tuple[str, str, bool]:
     return "cpu", "CPU", True
 
 
-def select(vendor_backends: Sequence[Backend], requested: str = "") -> ActiveBackend:
-    """Choose the active backend (see the module docstring for the order)."""
+class BackendConflict(RuntimeError):
+    """Two vendor backends' probes both say yes and ``FLAGGEMS_VENDOR`` does not choose."""
+
+    def __init__(self, claims: Sequence[Backend]) -> None:
+        super().__init__(", ".join(b.name for b in claims))
+        self.claims = tuple(claims)
+
+
+def select(vendor_backends: Sequence[Backend], requested: str = "",
+           owners: Mapping[str, str] | None = None) -> ActiveBackend:
+    """Choose the active backend (see the module docstring for the order).
+
+    ``owners`` maps a vendor backend to its plugin: when backends of two plugins
+    both find their device and none is requested, :class:`BackendConflict` is raised.
+    """
     candidates = {b.name: b for b in (*vendor_backends, *BUILTIN)}
     probes = tuple((b.name, run_probe(b)) for b in candidates.values())
     answers = dict(probes)
@@ -111,6 +124,8 @@ def select(vendor_backends: Sequence[Backend], requested: str = "") -> ActiveBac
                              f"({answers[requested].reason}): simulated on {device}", probes)
     vendors = sorted((b for b in vendor_backends if answers[b.name].available),
                      key=lambda b: (-b.priority, b.name))
+    if owners is not None and len({owners.get(b.name) for b in vendors}) > 1:
+        raise BackendConflict(vendors)
     if vendors:
         return _activate(vendors[0], False, f"probe: {answers[vendors[0].name].reason}", probes)
     if answers["nvidia"].available:

@@ -338,7 +338,7 @@ class Binding:
                 prepared.append((op, key, chain, build_entry(op, chain, native, channels), native))
         use_compiled = compiled_entry is not None and not channels
         if use_compiled:
-            registry = compiled_entry.Registry(self.dispatch_key)
+            registry = compiled_entry.Registry()
             for op, key, chain, entry, native in prepared:
                 name, _, overload = op.partition(".")
                 registry.add(f"aten::{name}", overload, key, entry,

@@ -121,6 +121,8 @@ def _add_extra_commands(sub: Any) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``flaggems`` console script."""
+    from .manager import PluginError
+
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.command is None:
@@ -132,7 +134,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except BrokenPipeError:  # `flaggems info | head`: the reader left; say nothing more
         sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - Python flushes stdout at exit
         return 0
-    except (ValueError, RuntimeError) as exc:  # configuration mistakes: one line that names the fix
+    except (ValueError, PluginError) as exc:  # configuration mistakes: one line that names the fix
         print(f"flaggems: error: {exc}", file=sys.stderr)
         return 2
 

@@ -56,6 +56,10 @@ def _importable(routes: dict[str, policy.Route]) -> dict[str, policy.Route]:
     return out
 
 
+#: Names of the backends built into the core (a plugin may not declare one of them again).
+BUILTIN_NAMES = frozenset(b.name for b in backends.BUILTIN)
+
+
 class Runtime:
     """Owns discovery, backend selection, routing and the torch binding."""
 
@@ -80,7 +84,6 @@ class Runtime:
     def vendor_backends(self) -> list[Backend]:
         """Backends declared by the loaded plugins (two with one name are an error naming both plugins)."""
         found: list[Backend] = []
-        owners: dict[str, str] = {b.name: "flaggems-core (built in)" for b in backends.BUILTIN}
         self._backend_owner = {}
         for plugin, result in self.manager.call_each("flaggems_backends"):
             try:
@@ -89,10 +92,11 @@ class Runtime:
                 warnings.warn(f"flaggems: {exc}", RuntimeWarning, stacklevel=2)
                 continue
             for backend in records:
-                if backend.name in owners:
-                    raise PluginError(f"backend {backend.name!r} is declared twice: by {owners[backend.name]} "
+                if backend.name in self._backend_owner or backend.name in BUILTIN_NAMES:
+                    first = self._backend_owner.get(backend.name)
+                    first_text = self._who(first) if first else "flaggems-core (built in)"
+                    raise PluginError(f"backend {backend.name!r} is declared twice: by {first_text} "
                                       f"and by {self._who(plugin)}; uninstall one of them")
-                owners[backend.name] = self._who(plugin)
                 self._backend_owner[backend.name] = plugin
                 found.append(backend)
         return found
@@ -111,21 +115,17 @@ class Runtime:
             if self._active is None:
                 requested = config.get("FLAGGEMS_VENDOR")
                 declared = self.vendor_backends()
-                if not requested:
-                    self._check_one_vendor_claims_the_device(declared)
-                self._active = backends.select(declared, requested)
+                try:
+                    self._active = backends.select(declared, requested, self._backend_owner)
+                except backends.BackendConflict as conflict:
+                    names = " and ".join(f"{b.name!r} of {self._who(self._backend_owner[b.name])}"
+                                         for b in conflict.claims)
+                    raise PluginError(f"two vendor plugins claim this machine's device: {names}; set "
+                                      f"FLAGGEMS_VENDOR to one of {', '.join(repr(b.name) for b in conflict.claims)}"
+                                      ) from None
                 backends.prepare_interpreter(self._active)
                 log.logger("plugins").info("backend %s (%s)", self._active.name, self._active.reason)
             return self._active
-
-    def _check_one_vendor_claims_the_device(self, declared: list[Backend]) -> None:
-        """Two vendor plugins whose probes both say yes: an error naming both (FLAGGEMS_VENDOR decides)."""
-        claims = [b for b in declared if backends.run_probe(b).available]
-        plugins = {self._backend_owner.get(b.name) for b in claims}
-        if len(plugins) > 1:
-            names = " and ".join(f"{b.name!r} of {self._who(self._backend_owner[b.name])}" for b in claims)
-            raise PluginError(f"two vendor plugins claim this machine's device: {names}; "
-                              f"set FLAGGEMS_VENDOR to one of {', '.join(repr(b.name) for b in claims)}")
 
     def reset(self) -> None:
         """Forget the backend choice (tests change the environment between calls)."""

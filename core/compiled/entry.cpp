@@ -696,8 +696,6 @@ struct SilentWarnings : c10::WarningHandler {
 
 class Registry {
  public:
-  Registry(const std::string& dispatch_key) : key_(c10::parseDispatchKey(dispatch_key)) {}
-
   // Captures the native kernels now (before any override of this registry).
   void add(const std::string& name, const std::string& overload, const std::string& key_name, py::object entry,
            py::object planner, size_t capacity) {
@@ -762,7 +760,6 @@ class Registry {
   ~Registry() { unregister_all(); }
 
  private:
-  c10::DispatchKey key_;
   std::vector<std::pair<std::shared_ptr<OpState>, c10::DispatchKey>> pending_;
   std::vector<std::unique_ptr<torch::Library>> libraries_;
   std::unordered_map<std::string, std::shared_ptr<OpState>> states_;
@@ -773,7 +770,7 @@ class Registry {
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.doc() = "flaggems' compiled dispatcher entry (plan cache under the Python planner)";
   py::class_<Registry>(m, "Registry")
-      .def(py::init<const std::string&>())
+      .def(py::init<>())
       .def("add", &Registry::add, py::arg("name"), py::arg("overload"), py::arg("key"), py::arg("entry"),
            py::arg("planner"), py::arg("capacity"))
       .def("register_all", &Registry::register_all)
