@@ -26,6 +26,9 @@ Sections:
 * ``index``: index_select / index_copy against torch; ``index_sweep``: the
   tile constants of ``flaggems.toolkit.indexing`` (``TILE`` x ``NUM_WARPS``;
   run 3 swept the small-workload ones).
+* ``unet``: the model benchmark's UNet steps (fp16 forward, fp32
+  forward+backward): GPU time per kernel name, torch and flaggems, and the
+  small fp16 group_norm call's kernels and whether it synchronises.
 * ``kernel_stats``: registers, spills, shared memory and the resident blocks
   per multiprocessor they allow, for every flaggems kernel compiled so far in
   the process (run it after the sections whose kernels it should list).
@@ -35,6 +38,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import itertools
 import json
 import statistics
@@ -969,6 +973,47 @@ def probe_kernel_stats() -> None:
               f"shared={meta.shared} blocks/SM={blocks}", flush=True)
 
 
+def probe_unet() -> None:
+    from flaggems.bench import models
+
+    device = torch.device("cuda")
+    builds = (("unet fp16 fwd", models.build_unet_forward), ("unet fp32 fwd+bwd", models.build_unet_backward))
+    for name, build in builds:
+        case = build(device, False)
+        call = functools.partial(case.step, models.OFF)
+        for routed in (False, True):
+            kernels = _profile_kernels(call, routed=routed)
+            side = "flaggems" if routed else "torch"
+            RESULTS[f"{name} kernels {side}"] = kernels
+            total = sum(kernels.values())
+            top = sorted(kernels.items(), key=lambda kv: -kv[1])[:12]
+            print(f"{name} {side}: GPU {total:.1f} µs per step; " + ", ".join(f"{k}={v:.1f}" for k, v in top),
+                  flush=True)
+    x = torch.randn(2, 64, 16, 16, device=device, dtype=torch.float16)
+    w, b = torch.randn(64, device=device, dtype=torch.float16), torch.randn(64, device=device, dtype=torch.float16)
+    call = functools.partial(F.group_norm, x, 32, w, b)
+    for routed in (False, True):
+        RESULTS[f"small group_norm kernels {'flaggems' if routed else 'torch'}"] = kernels = _profile_kernels(
+            call, routed=routed)
+        print(f"small group_norm {'flaggems' if routed else 'torch'}: {kernels}", flush=True)
+    flaggems.enable()
+    try:
+        call()
+        torch.cuda.synchronize()
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            call()
+            synced = False
+        except RuntimeError:
+            synced = True
+        finally:
+            torch.cuda.set_sync_debug_mode(0)
+        RESULTS["small group_norm synchronises"] = synced
+        print(f"small group_norm synchronises: {synced}; do_bench {kernel_us(call):.1f} µs", flush=True)
+    finally:
+        flaggems.disable()
+
+
 SECTIONS = {
     "repeat": (probe_repeat,), "repeat_parts": (probe_repeat_parts,), "repeat_stages": (probe_repeat_stages,),
     "repeat_sweep": (probe_repeat_sweep,), "repeat_host": (probe_repeat_host,),
@@ -978,7 +1023,7 @@ SECTIONS = {
     "index": (probe_index,), "index_sweep": (probe_index_sweep,),
     "index_copy_paths": (probe_index_copy_paths,), "launch_args": (probe_launch_args,),
     "autograd_launch": (probe_autograd_launch,), "passthrough": (probe_passthrough,),
-    "kernel_stats": (probe_kernel_stats,),
+    "kernel_stats": (probe_kernel_stats,), "unet": (probe_unet,),
 }
 
 

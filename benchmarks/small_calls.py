@@ -136,6 +136,7 @@ def run(calls: int, rounds: int) -> list[dict]:
                 times[side].append(wall_per_call(call, device, calls))
                 if side == "compiled":
                     stats = RUNTIME.plan_stats()
+        phases = _phases(call, device, calls)
         _use("torch")
         row = {"workload": name, "ok": bool(ok)}
         for side in sides:
@@ -144,11 +145,30 @@ def run(calls: int, rounds: int) -> list[dict]:
         row["compiled_vs_torch"] = row["torch_wall_us"] / row["compiled_wall_us"]
         row["python_vs_torch"] = row["torch_wall_us"] / row["python_wall_us"]
         row["plans"] = {k: v for k, v in stats.items() if v.get("miss")}
+        row["phases"] = phases
         rows.append(row)
         print(f"{name:<48} torch {row['torch_wall_us']:7.2f}  compiled {row['compiled_wall_us']:7.2f} "
               f"({row['compiled_vs_torch']:.2f}x)  python {row['python_wall_us']:7.2f} "
               f"({row['python_vs_torch']:.2f}x)  ok={ok}", flush=True)
+        for op, p in phases.items():
+            print(f"    {op}: " + "  ".join(f"{k[:-3]} {v:.2f}" for k, v in p.items() if k.endswith("_us"))
+                  + " µs per replayed call", flush=True)
     return rows
+
+
+def _phases(call: Callable[[], torch.Tensor], device: str, calls: int) -> dict[str, dict]:
+    """Per op, the compiled entry's own time per replayed call by phase (one extra round, clocks on)."""
+    _use("compiled")
+    module = compiled.loaded()
+    if module is None:
+        return {}
+    wall_per_call(call, device, calls)  # plans made
+    module.set_profiling(True)
+    try:
+        wall_per_call(call, device, calls)
+    finally:
+        module.set_profiling(False)
+    return {op: row["phases"] for op, row in RUNTIME.plan_stats().items() if "phases" in row}
 
 
 def main(argv: list[str] | None = None) -> int:

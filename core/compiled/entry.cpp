@@ -27,7 +27,11 @@
 
 #include <dlfcn.h>
 
+#include <ATen/EmptyTensor.h>
+#include <c10/core/Allocator.h>
+
 #include <atomic>
+#include <chrono>
 #include <cstring>
 #include <memory>
 #include <mutex>
@@ -269,6 +273,27 @@ bool add_ivalue(std::vector<int64_t>& key, const c10::IValue& v, std::vector<at:
 // ---------------------------------------------------------------- per-op state
 struct Stats {
   std::atomic<int64_t> replay{0}, native{0}, python{0}, miss{0}, uncached{0}, evicted{0}, rejected{0};
+  // Nanoseconds spent per phase of replayed calls, summed while profiling is on (benchmarks read them).
+  std::atomic<int64_t> profiled{0}, key_ns{0}, lookup_ns{0}, alloc_ns{0}, launch_ns{0}, finish_ns{0};
+};
+
+std::atomic<bool> profiling{false};
+
+int64_t now_ns() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(
+             std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+// Phase clock of one replayed call; every method is a no-op unless profiling was on at its start.
+struct PhaseClock {
+  bool on = profiling.load(std::memory_order_relaxed);
+  int64_t last = on ? now_ns() : 0;
+  void lap(std::atomic<int64_t>& into) {
+    if (!on) return;
+    const int64_t t = now_ns();
+    into.fetch_add(t - last, std::memory_order_relaxed);
+    last = t;
+  }
 };
 
 thread_local int native_depth = 0;
@@ -398,30 +423,60 @@ void ensure_context(int ordinal) {
               "flaggems: cannot make CUDA device ", ordinal, "'s primary context current");
 }
 
-void replay(const Plan& plan, const std::vector<at::Tensor>& inputs, torch::jit::Stack* stack, size_t num_args) {
-  const at::Device device = inputs.empty() ? at::Device(at::kCPU) : inputs[0].device();
-  std::vector<at::Tensor> allocs;
-  allocs.reserve(plan.allocs.size());
-  for (const AllocSpec& a : plan.allocs) {
-    allocs.push_back(at::empty_strided(a.sizes, a.strides, at::TensorOptions().dtype(a.dtype).device(device)));
+// The device type's registered allocator, looked up once; null where none is registered (then
+// at::empty_strided, through the dispatcher, allocates instead).
+c10::Allocator* registered_allocator(c10::DeviceType type) {
+  static std::atomic<c10::Allocator*> found[static_cast<int>(c10::DeviceType::COMPILE_TIME_MAX_DEVICE_TYPES)];
+  static std::atomic<bool> looked[static_cast<int>(c10::DeviceType::COMPILE_TIME_MAX_DEVICE_TYPES)];
+  const int slot = static_cast<int>(type);
+  if (!looked[slot].load(std::memory_order_acquire)) {
+    c10::Allocator* allocator = nullptr;
+    try {
+      allocator = c10::GetAllocator(type);
+    } catch (const std::exception&) {
+      allocator = nullptr;
+    }
+    found[slot].store(allocator, std::memory_order_relaxed);
+    looked[slot].store(true, std::memory_order_release);
   }
-  if (!plan.steps.empty()) {
-    c10::OptionalDeviceGuard guard;
-    void* stream = nullptr;
-    if (device.type() != at::kCPU) {
-      guard.reset_device(device);
+  return found[slot].load(std::memory_order_relaxed);
+}
+
+// An output as the device's own empty_strided makes it, without a dispatcher round trip (BackendSelect,
+// then the backend's kernel). Called under the device's guard: allocators serve the current device.
+at::Tensor allocate(const AllocSpec& a, const at::Device& device) {
+  if (c10::Allocator* allocator = registered_allocator(device.type())) {
+    const c10::DispatchKeySet keys(c10::computeDispatchKey(a.dtype, at::kStrided, device));
+    return at::detail::empty_strided_generic(a.sizes, a.strides, allocator, keys, a.dtype);
+  }
+  return at::empty_strided(a.sizes, a.strides, at::TensorOptions().dtype(a.dtype).device(device));
+}
+
+void replay(const Plan& plan, const std::vector<at::Tensor>& inputs, torch::jit::Stack* stack, size_t num_args,
+            PhaseClock& clock, Stats& stats) {
+  const at::Device device = inputs.empty() ? at::Device(at::kCPU) : inputs[0].device();
+  c10::OptionalDeviceGuard guard;
+  void* stream = nullptr;
+  if (device.type() != at::kCPU) {
+    guard.reset_device(device);
+    if (!plan.steps.empty()) {
       c10::impl::VirtualGuardImpl impl(device.type());
       stream = impl.getStream(device).native_handle();
       if (device.type() == at::kCUDA) ensure_context(device.index());
     }
-    for (const Step& step : plan.steps) {
-      if (step.cuda) {
-        launch_driver(*step.cuda, inputs, allocs, stream);
-      } else {
-        launch_python(*step.python, inputs, allocs);
-      }
+  }
+  std::vector<at::Tensor> allocs;
+  allocs.reserve(plan.allocs.size());
+  for (const AllocSpec& a : plan.allocs) allocs.push_back(allocate(a, device));
+  clock.lap(stats.alloc_ns);
+  for (const Step& step : plan.steps) {
+    if (step.cuda) {
+      launch_driver(*step.cuda, inputs, allocs, stream);
+    } else {
+      launch_python(*step.python, inputs, allocs);
     }
   }
+  clock.lap(stats.launch_ns);
   torch::jit::drop(*stack, num_args);
   for (const ViewSpec& r : plan.returns) stack->emplace_back(view_of(r, inputs, allocs));
 }
@@ -625,6 +680,7 @@ class Entry final : public c10::OperatorKernel {
       call_native(st, stack);
       return;
     }
+    PhaseClock clock;
     thread_local std::vector<int64_t> key;
     thread_local std::vector<std::pair<uintptr_t, uintptr_t>> ranges;
     std::vector<at::Tensor> inputs;
@@ -638,17 +694,23 @@ class Entry final : public c10::OperatorKernel {
     for (auto it = stack->end() - num_args; it != stack->end() && keyed; ++it) {
       keyed = add_ivalue(key, *it, inputs, ranges, st.grad_sensitive);
     }
+    clock.lap(st.stats.key_ns);
     std::shared_ptr<const Plan> plan;
     if (keyed) {
       std::shared_lock<std::shared_mutex> guard(st.lock);
       auto found = st.plans.find(key);
       if (found != st.plans.end()) plan = found->second;
     }
+    clock.lap(st.stats.lookup_ns);
     if (plan) {
       switch (plan->kind) {
         case PlanKind::kReplay:
           st.stats.replay.fetch_add(1, std::memory_order_relaxed);
-          replay(*plan, inputs, stack, num_args);
+          replay(*plan, inputs, stack, num_args, clock, st.stats);
+          inputs.clear();
+          plan.reset();
+          clock.lap(st.stats.finish_ns);
+          if (clock.on) st.stats.profiled.fetch_add(1, std::memory_order_relaxed);
           return;
         case PlanKind::kNative:
           st.stats.native.fetch_add(1, std::memory_order_relaxed);
@@ -752,6 +814,17 @@ class Registry {
       row["uncached"] = s.uncached.load();
       row["evicted"] = s.evicted.load();
       row["rejected"] = s.rejected.load();
+      if (s.profiled.load() > 0) {
+        py::dict phases;
+        const double calls = static_cast<double>(s.profiled.load());
+        phases["calls"] = s.profiled.load();
+        phases["key_us"] = s.key_ns.load() / calls / 1e3;
+        phases["lookup_us"] = s.lookup_ns.load() / calls / 1e3;
+        phases["alloc_us"] = s.alloc_ns.load() / calls / 1e3;
+        phases["launch_us"] = s.launch_ns.load() / calls / 1e3;
+        phases["finish_us"] = s.finish_ns.load() / calls / 1e3;
+        row["phases"] = phases;
+      }
       out[py::str(name)] = row;
     }
     return out;
@@ -777,6 +850,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def("unregister_all", &Registry::unregister_all)
       .def("clear_plans", &Registry::clear_plans)
       .def("stats", &Registry::stats);
+  m.def("set_profiling", [](bool on) { profiling.store(on); },
+        "Time the phases of replayed calls (key, lookup, alloc, launch, finish) into stats()['phases'].");
   m.def("native_enter", [] { ++native_depth; });
   m.def("native_exit", [] { --native_depth; });
   m.def("driver", [] { return py::make_tuple(driver().launch != nullptr, driver().reason); });

@@ -775,15 +775,19 @@ _BACKWARD_PLANS: dict[tuple, BackwardPlan] = {}
 _NO_PARAMS = {"BLOCK_N": 1, "BLOCK_CF": 1, "BLOCK_K": 1, "HAS_DW": False, "HAS_DB": False}
 
 
-def _dx_format(x: torch.Tensor) -> tuple[bool, torch.memory_format]:
-    """torch allocates ``dx`` like ``X.contiguous(fmt)``: X's own strides when it already is."""
-    fmt = suggest_memory_format(x) if x.device.type == "cpu" else torch.contiguous_format
+def _dx_format(x: torch.Tensor, like_input: bool) -> tuple[bool, torch.memory_format]:
+    """torch allocates ``dx`` like ``X.contiguous(fmt)``: X's own strides when it already is.
+
+    ``fmt`` is X's suggested memory format on CPU, contiguous elsewhere (as
+    torch's kernels), or everywhere when ``like_input`` asks for it.
+    """
+    fmt = suggest_memory_format(x) if like_input or x.device.type == "cpu" else torch.contiguous_format
     return x.is_contiguous(memory_format=fmt), fmt
 
 
 def _backward_plan(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor | None, N: int, C: int, HxW: int,
-                   group: int, mask: tuple[bool, bool, bool]) -> BackwardPlan:
-    dx_like_x, dx_format = _dx_format(x)
+                   group: int, mask: tuple[bool, bool, bool], dx_like_input: bool) -> BackwardPlan:
+    dx_like_x, dx_format = _dx_format(x, dx_like_input)
     dx_meta = torch.empty_like(x, device="meta") if dx_like_x else torch.empty_like(x, device="meta",
                                                                                       memory_format=dx_format)
     layout = plan_layout((x, dy, dx_meta), N, C, HxW)
@@ -836,8 +840,15 @@ def _backward_plan(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor | Non
 
 def native_group_norm_backward(grad_out: torch.Tensor, input: torch.Tensor, mean: torch.Tensor, rstd: torch.Tensor,
                                weight: torch.Tensor | None, N: int, C: int, HxW: int, group: int,
-                               output_mask: list[bool]) -> tuple[torch.Tensor | None, ...]:
-    """``aten::native_group_norm_backward``: ``(dx, dweight, dbias)``, each only if ``output_mask`` asks."""
+                               output_mask: list[bool], *, dx_like_input: bool = False,
+                               ) -> tuple[torch.Tensor | None, ...]:
+    """``aten::native_group_norm_backward``: ``(dx, dweight, dbias)``, each only if ``output_mask`` asks.
+
+    ``dx`` is laid out as torch's kernel lays it out, or, with ``dx_like_input``,
+    in the input's suggested memory format on every device (the
+    ``aten::group_norm`` route: a channels_last input gets a channels_last
+    gradient, which the convolution before it consumes without a copy).
+    """
     if grad_out.dtype != input.dtype:
         raise RuntimeError("Expected scalar types of X and dY are same.")
     mask = (bool(output_mask[0]), bool(output_mask[1]), bool(output_mask[2]))
@@ -845,7 +856,7 @@ def native_group_norm_backward(grad_out: torch.Tensor, input: torch.Tensor, mean
         return None, None, None
     key = (input.shape, input.stride(), grad_out.shape, grad_out.stride(), input.dtype, input.device,
            grad_out.device, mean.shape, mean.stride(), mean.dtype, mean.device, rstd.shape, rstd.stride(),
-           rstd.dtype, rstd.device, _param_key(weight), N, C, HxW, group, mask)
+           rstd.dtype, rstd.device, _param_key(weight), N, C, HxW, group, mask, dx_like_input)
     plan = _BACKWARD_PLANS.get(key)
     if plan is None:
         reason = _backward_reason(grad_out, input, mean, rstd, weight, N, C, HxW, group, mask)
@@ -853,7 +864,8 @@ def native_group_norm_backward(grad_out: torch.Tensor, input: torch.Tensor, mean
             raise Decline(reason)
         if len(_BACKWARD_PLANS) >= _PLAN_LIMIT:
             _BACKWARD_PLANS.clear()
-        plan = _BACKWARD_PLANS[key] = _backward_plan(grad_out, input, weight, N, C, HxW, group, mask)
+        plan = _BACKWARD_PLANS[key] = _backward_plan(grad_out, input, weight, N, C, HxW, group, mask,
+                                                                 dx_like_input)
     x, dy = input, grad_out
     if plan.copy_format is not None:
         x, dy = x.contiguous(memory_format=plan.copy_format), dy.contiguous(memory_format=plan.copy_format)

@@ -20,8 +20,10 @@ its Autograd key; at the Autograd key the inputs may require grad:
 
 Output layout: the input's suggested memory format, so a channels_last input
 gives a channels_last output (as torch's composite does on CPU; on CUDA it
-returns a contiguous output, having copied the input). Gradients are laid
-out as torch's ``native_group_norm_backward`` lays them out.
+returns a contiguous output, having copied the input). The input's gradient
+is laid out the same way (torch's CUDA composite returns it contiguous, which
+a channels_last convolution's backward then copies back); the parameters'
+gradients are vectors.
 
 Everything else declines to torch's composite, which then raises its own
 error or computes the result: invalid arguments (``num_groups`` not dividing
@@ -117,7 +119,8 @@ class GroupNormFunction(torch.autograd.Function):
         if torch.is_grad_enabled():
             return (*_differentiable_backward(grad_out, (input, weight, bias), ctx.dims, ctx.eps, mask), *_NO_GRAD)
         try:
-            grads = kernels.native_group_norm_backward(grad_out, input, mean, rstd, weight, *ctx.dims, mask)
+            grads = kernels.native_group_norm_backward(grad_out, input, mean, rstd, weight, *ctx.dims, mask,
+                                                       dx_like_input=True)
         except Decline:
             grads = _backward_fallback(grad_out, input, mean, rstd, weight, ctx.dims, mask)
         return (*grads, *_NO_GRAD)
