@@ -973,6 +973,39 @@ def probe_kernel_stats() -> None:
               f"shared={meta.shared} blocks/SM={blocks}", flush=True)
 
 
+def probe_group_norm_policy() -> None:
+    """fwd+bwd of channels_last inputs that need grad: torch, our node (in place), torch's composite on our kernels."""
+    from flaggems.plugins.generic import group_norm_op
+
+    shapes = (((2, 320, 64, 64), torch.float32), ((8, 256, 64, 64), torch.float32),
+              ((2, 320, 128, 128), torch.float32), ((4, 512, 128, 128), torch.bfloat16),
+              ((8, 256, 128, 128), torch.float32))
+    saved = group_norm_op.IN_PLACE_GRAD_MIN_BYTES
+    try:
+        for shape, dtype in shapes:
+            x, w, b, dy = _gn_inputs(shape, 32, dtype, True)
+            xl, wl, bl = (t.detach().clone().requires_grad_(True) for t in (x, w, b))
+            dyl = dy.contiguous(memory_format=torch.channels_last)
+
+            def step(xl=xl, wl=wl, bl=bl, dyl=dyl):
+                return torch.autograd.grad(F.group_norm(xl, 32, wl, bl, 1e-5), (xl, wl, bl), dyl)
+
+            mib = x.numel() * x.element_size() >> 20
+            label = f"gn policy CL {'x'.join(map(str, shape))} {str(dtype)[6:]} ({mib} MiB)"
+            row = {"torch_us": kernel_us(step), "torch_wall_us": host_us(step, 100)}
+            for side, limit in (("node", 0), ("composite", 2**62)):
+                group_norm_op.IN_PLACE_GRAD_MIN_BYTES = limit
+                flaggems.enable()
+                try:
+                    row[f"{side}_us"], row[f"{side}_wall_us"] = kernel_us(step), host_us(step, 100)
+                finally:
+                    flaggems.disable()
+            RESULTS[label] = row
+            print(label + ": " + ", ".join(f"{k}={v:.1f}" for k, v in row.items()), flush=True)
+    finally:
+        group_norm_op.IN_PLACE_GRAD_MIN_BYTES = saved
+
+
 def probe_unet() -> None:
     from flaggems.bench import models
 
@@ -1024,6 +1057,7 @@ SECTIONS = {
     "index_copy_paths": (probe_index_copy_paths,), "launch_args": (probe_launch_args,),
     "autograd_launch": (probe_autograd_launch,), "passthrough": (probe_passthrough,),
     "kernel_stats": (probe_kernel_stats,), "unet": (probe_unet,),
+    "group_norm_policy": (probe_group_norm_policy,),
 }
 
 

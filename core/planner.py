@@ -67,6 +67,8 @@ class _Watch(TorchDispatchMode):
 
     def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
         out = func(*args, **(kwargs or {}))
+        if isinstance(out, torch.Tensor) and out.device.type == "meta":
+            return out  # shape arithmetic of a plan being built: no memory, no device work
         if func in ALLOCATING:
             self.recording.allocated(out)
         elif not (func in METADATA_ONLY or getattr(func, "is_view", False)):

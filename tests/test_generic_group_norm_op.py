@@ -62,6 +62,13 @@ def assert_close(actual, expected, ulps):
     torch.testing.assert_close(actual, expected, rtol=tol, atol=tol)
 
 
+@pytest.fixture(autouse=True)
+def our_node_for_gradients(request, monkeypatch):
+    """Calls that need a gradient take our autograd node (the size policy is tested on its own below)."""
+    if "composite_policy" not in request.keywords:
+        monkeypatch.setattr(group_norm_op, "in_place_grad", lambda input: True)
+
+
 @pytest.fixture
 def spy(monkeypatch):
     """Record the arguments our forward and backward kernels receive (``calls["fwd"]``, ``calls["bwd"]``)."""
@@ -125,7 +132,7 @@ def test_channels_last_read_in_place_and_kept(dispatch_log, spy, fmt):
     y.backward(dy)
     (dy_seen, x_seen, *_), = spy["bwd"]
     assert x_seen is x and dy_seen.is_contiguous(memory_format=fmt)
-    assert x.grad.is_contiguous(memory_format=fmt)  # dx in x's layout on every device (torch's CUDA composite: contiguous)
+    assert x.grad.is_contiguous(memory_format=fmt)  # dx in x's layout, every device
 
 
 def test_nn_group_norm_unet_block_channels_last_fp16(dispatch_log, spy):
@@ -337,3 +344,33 @@ def test_backward_fallback_matches_torch():
                                                          2, 6, 6, 3, [True] * 3)
     for actual, wanted_grad in zip(grads, expected):
         assert_close(actual, wanted_grad, 0)
+
+
+@pytest.mark.composite_policy
+@pytest.mark.parametrize("fmt", [None, CL])
+def test_small_gradient_calls_go_through_torchs_composite_onto_our_kernels(dispatch_log, fmt):
+    """Below IN_PLACE_GRAD_MIN_BYTES (or where the composite would not copy) torch's composite serves the call
+    that needs a gradient; its native_group_norm and backward run our kernels."""
+    x, w, b = make((2, 6, 3, 4), fmt=fmt, grad=True)
+    dy = torch.randn(2, 6, 3, 4, device=DEV)
+    assert not group_norm_op.in_place_grad(x)
+    y = F.group_norm(x, 3, w, b)
+    assert type(y.grad_fn).__name__ != "GroupNormFunctionBackward"
+    grads = torch.autograd.grad(y, (x, w, b), dy)
+    expected_y, expected_grads = torch_result(x, 3, w, b, dy)
+    served = ran(dispatch_log)
+    assert "native_group_norm -> generic" in served and "native_group_norm_backward -> generic" in served
+    assert_close(y, expected_y, FORWARD_ULPS[F32])
+    for actual, expected in zip(grads, expected_grads, strict=True):
+        assert_close(actual, expected, BACKWARD_ULPS[F32])
+
+
+@pytest.mark.composite_policy
+def test_large_input_the_composite_would_copy_takes_our_node(monkeypatch):
+    x = torch.randn(2, 6, 3, 4, device=DEV)[:, :, :, :3]  # not dense: the composite copies it on every device
+    assert group_norm_op._composite_copies(x)
+    monkeypatch.setattr(group_norm_op, "IN_PLACE_GRAD_MIN_BYTES", x.numel() * x.element_size())
+    assert group_norm_op.in_place_grad(x)
+    monkeypatch.setattr(group_norm_op, "IN_PLACE_GRAD_MIN_BYTES", x.numel() * x.element_size() + 1)
+    assert not group_norm_op.in_place_grad(x)
+    assert not group_norm_op.in_place_grad(torch.randn(2, 6, 3, 4, device=DEV))  # dense: no copy to save

@@ -21,6 +21,7 @@
 #include <torch/csrc/Dtype.h>
 #include <torch/csrc/Exceptions.h>
 #include <torch/csrc/autograd/python_variable.h>
+#include <torch/csrc/autograd/variable.h>
 #include <torch/csrc/DynamicTypes.h>
 #include <torch/csrc/jit/python/pybind_utils.h>
 #include <torch/csrc/utils/tensor_memoryformats.h>
@@ -62,6 +63,8 @@ struct LaunchConfig {
   unsigned num_attrs;
 };
 typedef CUresult (*LaunchKernelEx)(const LaunchConfig*, void*, void**, void**);
+typedef CUresult (*LaunchKernel)(void*, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, void*,
+                                 void**, void**);
 typedef CUresult (*GetErrorString)(CUresult, const char**);
 typedef CUresult (*CtxGetCurrent)(void**);
 typedef CUresult (*CtxSetCurrent)(void*);
@@ -72,6 +75,7 @@ constexpr int kAttrProgrammaticSerialization = 6;
 
 struct Driver {
   LaunchKernelEx launch = nullptr;
+  LaunchKernel launch_plain = nullptr;  // a launch without attributes
   GetErrorString error_string = nullptr;
   CtxGetCurrent context = nullptr;
   CtxSetCurrent set_context = nullptr;
@@ -90,6 +94,7 @@ Driver& driver() {
       return out;
     }
     out.launch = reinterpret_cast<LaunchKernelEx>(dlsym(lib, "cuLaunchKernelEx"));
+    out.launch_plain = reinterpret_cast<LaunchKernel>(dlsym(lib, "cuLaunchKernel"));
     out.error_string = reinterpret_cast<GetErrorString>(dlsym(lib, "cuGetErrorString"));
     out.context = reinterpret_cast<CtxGetCurrent>(dlsym(lib, "cuCtxGetCurrent"));
     out.set_context = reinterpret_cast<CtxSetCurrent>(dlsym(lib, "cuCtxSetCurrent"));
@@ -193,15 +198,17 @@ bool add_tensor(std::vector<int64_t>& key, const at::Tensor& t, std::vector<at::
   }
   if (t.layout() != at::kStrided || !t.has_storage() || t.is_nested()) return false;
   const auto* impl = t.unsafeGetTensorImpl();
-  // On an Autograd key, a tensor with autograd metadata (requires grad, a forward-mode tangent, a view of
-  // one) may need a graph or a tangent that no replay builds: such calls take the Python entry.
-  if (grad_sensitive && impl->autograd_meta() != nullptr) return false;
+  // On an Autograd key, a tensor with a forward-mode tangent needs it carried: such calls take the Python
+  // entry. Autograd metadata otherwise is keyed (requires grad, has metadata): the planner never makes a
+  // replay of a call that needs a graph; a native plan (the captured kernel records its own) is safe.
+  const bool has_meta = impl->autograd_meta() != nullptr;
+  if (grad_sensitive && has_meta && torch::autograd::impl::get_autograd_meta(t)->fw_grad_ != nullptr) return false;
   const auto device = t.device();
   key.push_back(kTagTensor);
   key.push_back(static_cast<int64_t>(t.scalar_type()) | (static_cast<int64_t>(device.type()) << 8) |
                 ((static_cast<int64_t>(device.index()) + 1) << 16) | (int64_t(t.is_conj()) << 32) |
                 (int64_t(t.is_neg()) << 33) | (int64_t(impl->is_wrapped_number()) << 34) |
-                (int64_t(t.requires_grad()) << 35));
+                (int64_t(t.requires_grad()) << 35) | (int64_t(has_meta) << 36));
   const int64_t dim = t.dim();
   key.push_back(dim);
   const auto sizes = t.sizes();
@@ -387,12 +394,18 @@ void launch_driver(const DriverLaunch& l, const std::vector<at::Tensor>& inputs,
     attrs[num_attrs].id = kAttrCooperative;
     attrs[num_attrs++].value.value = 1;
   }
-  LaunchConfig config{l.grid[0], l.grid[1], l.grid[2], l.block, 1, 1, l.shared, stream, attrs, num_attrs};
-  const CUresult status = driver().launch(&config, l.function, pointers, nullptr);
+  CUresult status;
+  if (num_attrs == 0 && driver().launch_plain != nullptr) {
+    status = driver().launch_plain(l.function, l.grid[0], l.grid[1], l.grid[2], l.block, 1, 1, l.shared, stream,
+                                   pointers, nullptr);
+  } else {
+    LaunchConfig config{l.grid[0], l.grid[1], l.grid[2], l.block, 1, 1, l.shared, stream, attrs, num_attrs};
+    status = driver().launch(&config, l.function, pointers, nullptr);
+  }
   if (status != 0) {
     const char* text = nullptr;
     if (driver().error_string) driver().error_string(status, &text);
-    TORCH_CHECK(false, "flaggems: cuLaunchKernelEx failed: ", text ? text : "unknown error", " (", status, ")");
+    TORCH_CHECK(false, "flaggems: kernel launch failed: ", text ? text : "unknown error", " (", status, ")");
   }
 }
 

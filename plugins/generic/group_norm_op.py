@@ -7,7 +7,8 @@ place (no copy). The binding registers this entry on the backend key and on
 its Autograd key; at the Autograd key the inputs may require grad:
 
 * grad needed (grad mode on and ``input``, ``weight`` or ``bias`` requires
-  grad): the output comes from :class:`GroupNormFunction`, whose forward runs
+  grad) for a large input that torch's composite would copy
+  (:func:`in_place_grad`): the output comes from :class:`GroupNormFunction`, whose forward runs
   ``native_group_norm``'s kernels (mean/rstd saved) and whose backward runs
   ``native_group_norm_backward``'s, asking only for the gradients needed.
   Under ``create_graph=True`` the backward is torch's instead (the forward
@@ -16,7 +17,10 @@ its Autograd key; at the Autograd key the inputs may require grad:
   torch's values. ``once_differentiable`` would be wrong there: it marks
   the gradients only when a ``grad_output`` requires grad, so
   ``grad(y, x, ones, create_graph=True)`` would silently lose its second order.
-* otherwise: the forward kernels only.
+* grad needed otherwise: declined to torch's composite, whose
+  ``native_group_norm`` and ``native_group_norm_backward`` our kernels serve
+  (C++ host path: cheaper per call than our Python node).
+* no grad needed: the forward kernels only.
 
 Output layout: the input's suggested memory format, so a channels_last input
 gives a channels_last output (as torch's composite does on CPU; on CUDA it
@@ -71,6 +75,26 @@ def _invalid(input: torch.Tensor, num_groups: int, weight: torch.Tensor | None,
 def _transformed() -> bool:
     """Forward-mode AD or a functorch transform is active: the composite knows how to handle those."""
     return forward_ad._current_level >= 0 or torch._C._are_functorch_transforms_active()
+
+
+#: A call that needs a gradient takes our autograd node (input read in place) only from this input size
+#: on, and only where torch's composite would copy the input first. Below it the composite serves, and its
+#: ``native_group_norm`` and backward reach our kernels through the compiled entry with no Python: our
+#: node's Python forward and backward cost ~50 µs of host time a layer, which a host-bound step (UNet
+#: fp32 forward+backward, 2x320x64x64) pays in full (0.89x torch's wall, benchmarks/RESULTS.md run 18).
+IN_PLACE_GRAD_MIN_BYTES = 64 * 2**20
+
+
+def _composite_copies(input: torch.Tensor) -> bool:
+    """Whether torch's composite copies ``input`` before ``native_group_norm`` (suggested format on CPU)."""
+    if input.device.type == "cpu":
+        return not input.is_contiguous(memory_format=kernels.suggest_memory_format(input))
+    return not input.is_contiguous()
+
+
+def in_place_grad(input: torch.Tensor) -> bool:
+    """Whether a call that needs a gradient goes through :class:`GroupNormFunction` (else torch's composite)."""
+    return _composite_copies(input) and input.numel() * input.element_size() >= IN_PLACE_GRAD_MIN_BYTES
 
 
 def _dims(input: torch.Tensor) -> tuple[int, int, int]:
@@ -143,5 +167,8 @@ def group_norm(input: torch.Tensor, num_groups: int, weight: torch.Tensor | None
     if torch.is_grad_enabled() and (input.requires_grad or _requires_grad(weight) or _requires_grad(bias)):
         if weight is None and _requires_grad(bias):
             raise Decline("bias needs grad without a weight (torch's backward raises)")
+        if not in_place_grad(input):
+            raise Decline("gradient needed and torch's composite reads this input without a large copy: it "
+                          "calls native_group_norm (and its backward), which our kernels serve")
         return GroupNormFunction.apply(input, weight, bias, N, C, HxW, num_groups, eps)
     return kernels.native_group_norm(input, weight, bias, N, C, HxW, num_groups, eps, dense_only=False)[0]
