@@ -980,7 +980,7 @@ def probe_group_norm_policy() -> None:
     shapes = (((2, 320, 64, 64), torch.float32), ((8, 256, 64, 64), torch.float32),
               ((2, 320, 128, 128), torch.float32), ((4, 512, 128, 128), torch.bfloat16),
               ((8, 256, 128, 128), torch.float32))
-    saved = group_norm_op.IN_PLACE_GRAD_MIN_BYTES
+    saved = group_norm_op.in_place_grad
     try:
         for shape, dtype in shapes:
             x, w, b, dy = _gn_inputs(shape, 32, dtype, True)
@@ -993,8 +993,8 @@ def probe_group_norm_policy() -> None:
             mib = x.numel() * x.element_size() >> 20
             label = f"gn policy CL {'x'.join(map(str, shape))} {str(dtype)[6:]} ({mib} MiB)"
             row = {"torch_us": kernel_us(step), "torch_wall_us": host_us(step, 100)}
-            for side, limit in (("node", 0), ("composite", 2**62)):
-                group_norm_op.IN_PLACE_GRAD_MIN_BYTES = limit
+            for side, node in (("node", True), ("composite", False)):
+                group_norm_op.in_place_grad = lambda input, node=node: node
                 flaggems.enable()
                 try:
                     row[f"{side}_us"], row[f"{side}_wall_us"] = kernel_us(step), host_us(step, 100)
@@ -1003,7 +1003,7 @@ def probe_group_norm_policy() -> None:
             RESULTS[label] = row
             print(label + ": " + ", ".join(f"{k}={v:.1f}" for k, v in row.items()), flush=True)
     finally:
-        group_norm_op.IN_PLACE_GRAD_MIN_BYTES = saved
+        group_norm_op.in_place_grad = saved
 
 
 def probe_unet() -> None:

@@ -7,7 +7,7 @@ place (no copy). The binding registers this entry on the backend key and on
 its Autograd key; at the Autograd key the inputs may require grad:
 
 * grad needed (grad mode on and ``input``, ``weight`` or ``bias`` requires
-  grad) for a large input that torch's composite would copy
+  grad) for an input that torch's composite would copy
   (:func:`in_place_grad`): the output comes from :class:`GroupNormFunction`, whose forward runs
   ``native_group_norm``'s kernels (mean/rstd saved) and whose backward runs
   ``native_group_norm_backward``'s, asking only for the gradients needed.
@@ -77,14 +77,6 @@ def _transformed() -> bool:
     return forward_ad._current_level >= 0 or torch._C._are_functorch_transforms_active()
 
 
-#: A call that needs a gradient takes our autograd node (input read in place) only from this input size
-#: on, and only where torch's composite would copy the input first. Below it the composite serves, and its
-#: ``native_group_norm`` and backward reach our kernels through the compiled entry with no Python: our
-#: node's Python forward and backward cost ~50 µs of host time a layer, which a host-bound step (UNet
-#: fp32 forward+backward, 2x320x64x64) pays in full (0.89x torch's wall, benchmarks/RESULTS.md run 18).
-IN_PLACE_GRAD_MIN_BYTES = 64 * 2**20
-
-
 def _composite_copies(input: torch.Tensor) -> bool:
     """Whether torch's composite copies ``input`` before ``native_group_norm`` (suggested format on CPU)."""
     if input.device.type == "cpu":
@@ -93,8 +85,13 @@ def _composite_copies(input: torch.Tensor) -> bool:
 
 
 def in_place_grad(input: torch.Tensor) -> bool:
-    """Whether a call that needs a gradient goes through :class:`GroupNormFunction` (else torch's composite)."""
-    return _composite_copies(input) and input.numel() * input.element_size() >= IN_PLACE_GRAD_MIN_BYTES
+    """Whether a call that needs a gradient goes through :class:`GroupNormFunction` (else torch's composite).
+
+    Only where the composite would copy the input: with a gradient needed our node beat the composite over
+    our kernels on every channels_last size measured, 10-128 MiB (the copies cost more than our node's Python
+    host time); a dense input costs the composite no copy and its host path is C++ (RESULTS.md run 18).
+    """
+    return _composite_copies(input)
 
 
 def _dims(input: torch.Tensor) -> tuple[int, int, int]:
