@@ -1006,6 +1006,53 @@ def probe_group_norm_policy() -> None:
         group_norm_op.in_place_grad = saved
 
 
+@triton.jit
+def _int_to_bf16_probe(src, dst, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    x = tl.load(src + offs, mask=offs < n)
+    tl.store(dst + offs, x.to(tl.float32).to(tl.bfloat16), mask=offs < n)
+
+
+def probe_int_casts() -> None:
+    """Integer -> fp16/bf16/fp32 through flaggems' _to_copy against torch, and the PTX of int -> f32 -> bf16."""
+    torch.manual_seed(0)
+    out = {}
+    for src_dtype in (torch.int32, torch.int64, torch.int16, torch.uint8):
+        info = torch.iinfo(src_dtype)
+        lo, hi = max(info.min, -2**62), min(info.max, 2**62)
+        values = torch.randint(lo, hi, (28474, 40, 2), dtype=torch.int64).to(src_dtype)
+        edges = torch.tensor([-1031798784, 1031798784, 2**24 + 1, 2**24 + 3, -(2**24) - 1, 16777217, 33554435,
+                              2**31 - 1, -(2**31)], dtype=torch.int64)
+        edges = edges[(edges >= info.min) & (edges <= info.max)].to(src_dtype)
+        for layout, x in (("contiguous", values.cuda()), ("transposed", values.cuda().transpose(0, 1)),
+                          ("edges", edges.cuda())):
+            for dst_dtype in (torch.float16, torch.bfloat16, torch.float32):
+                expected = x.to(dst_dtype)
+                flaggems.enable()
+                try:
+                    got = x.to(dst_dtype)
+                finally:
+                    flaggems.disable()
+                bad = (got.reshape(-1).float() != expected.reshape(-1).float()) & ~(
+                    got.reshape(-1).isnan() & expected.reshape(-1).isnan())
+                key = f"{str(src_dtype)[6:]}->{str(dst_dtype)[6:]} {layout}"
+                where = bad.nonzero().flatten()[:4].tolist()
+                src_flat = x.reshape(-1)
+                out[key] = {"mismatches": int(bad.sum()), "of": bad.numel(),
+                            "examples": [(int(src_flat[i]), float(got.reshape(-1)[i]), float(expected.reshape(-1)[i]))
+                                         for i in where]}
+                print(key, out[key], flush=True)
+    src = torch.tensor([-1031798784, 16777217], dtype=torch.int32, device="cuda")
+    dst = torch.empty(2, dtype=torch.bfloat16, device="cuda")
+    kernel = _int_to_bf16_probe[(1,)](src, dst, 2, BLOCK=2)
+    ptx = kernel.asm["ptx"]
+    out["ptx cvt"] = sorted({line.strip().split()[0] for line in ptx.splitlines() if "cvt" in line})
+    out["standalone"] = [float(v) for v in dst.float().tolist()]
+    print("ptx cvt:", out["ptx cvt"], "standalone:", out["standalone"], "torch:", src.to(torch.bfloat16).tolist(),
+          flush=True)
+    RESULTS["int casts"] = out
+
+
 def probe_unet() -> None:
     from flaggems.bench import models
 
@@ -1057,7 +1104,7 @@ SECTIONS = {
     "index_copy_paths": (probe_index_copy_paths,), "launch_args": (probe_launch_args,),
     "autograd_launch": (probe_autograd_launch,), "passthrough": (probe_passthrough,),
     "kernel_stats": (probe_kernel_stats,), "unet": (probe_unet,),
-    "group_norm_policy": (probe_group_norm_policy,),
+    "group_norm_policy": (probe_group_norm_policy,), "int_casts": (probe_int_casts,),
 }
 
 
