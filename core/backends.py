@@ -133,9 +133,31 @@ def select(vendor_backends: Sequence[Backend], requested: str = "",
     return _activate(CPU_INTERPRETER, False, "no GPU backend available", probes)
 
 
+def triton_has_driver(device_type: str) -> bool:
+    """Whether an installed Triton backend drives ``device_type`` devices (CUDA/HIP: torch's cuda type)."""
+    if device_type == "cpu":
+        return False
+    if device_type == "cuda":
+        return True
+    try:
+        from triton.backends import backends
+    except ImportError:
+        return False
+    for entry in backends.values():
+        try:
+            if entry.driver.is_active() and getattr(entry.driver, "get_current_target", None) is not None and \
+                    device_type in str(entry.driver.get_current_target().backend):
+                return True
+        except Exception:  # noqa: BLE001, S112 - a backend that cannot answer does not drive the device
+            continue
+    return False
+
+
 def _activate(backend: Backend, simulated: bool, reason: str,
               probes: tuple[tuple[str, ProbeResult], ...]) -> ActiveBackend:
-    interp = backend.dispatch_key == "CPU"
+    interp = not triton_has_driver(backend.device_type)
+    if interp and backend.device_type != "cpu":
+        reason += f"; no Triton driver for {backend.device_type!r} devices: kernels run in Triton's interpreter"
     return ActiveBackend(backend, backend.device_type, backend.dispatch_key, simulated, interp, reason, probes)
 
 

@@ -15,6 +15,10 @@ import sys
 import pytest
 
 sys.path.insert(0, os.path.dirname(__file__))
+if os.environ.get("FAKE_TORCH_NPU") == "1":
+    # A CPU-backed PrivateUse1 ``npu`` device and a torch_npu stand-in (tests/fakes/torch_npu): the Ascend
+    # probe finds it and the suite runs on a real PrivateUse1 key without Ascend hardware.
+    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "fakes"))
 
 import flaggems  # noqa: E402
 from flaggems import log  # noqa: E402
