@@ -52,7 +52,7 @@ import triton
 import triton.language as tl
 
 import flaggems
-from flaggems.toolkit import checks
+from flaggems.toolkit import context
 
 RESULTS: dict[str, object] = {}
 
@@ -1113,7 +1113,7 @@ def main() -> None:
     parser.add_argument("--json", default=None)
     parser.add_argument("--only", default="repeat,group_norm,index")
     args = parser.parse_args()
-    checks.reset()  # the GPU default: FLAGGEMS_CHECK_INDICES unset
+    context.reset()  # the GPU default: FLAGGEMS_CHECK_INDICES unset
     torch.backends.cudnn.benchmark = False
     for section in args.only.split(","):
         for probe in SECTIONS[section]:

@@ -120,7 +120,6 @@ def tuning(key: str) -> dict[str, Any]:
 
 
 def _on_import() -> None:
-    _config.warn_unknown()
     from . import log
 
     try:
@@ -128,6 +127,7 @@ def _on_import() -> None:
     except ValueError:
         pass  # a bad FLAGGEMS_LOG must not break the import: enable() reports it (config.validate), once
     _runtime().discover()
+    _config.warn_unknown()  # after discovery: the plugins' own variables are declared by then
 
 
 _on_import()

@@ -22,12 +22,15 @@ Example (a whole vendor plugin)::
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
 import pluggy
 
 if TYPE_CHECKING:
+    from .bench.workload import Workload
+    from .config import EnvVar
+    from .testing import Case
     from .types import Backend, OpImpl, Tuning
 
 PROJECT = "flaggems"
@@ -66,4 +69,33 @@ def flaggems_tuning(backend: Backend) -> Sequence[Tuning]:
 
     Lets a vendor change launch policy (tile sizes, a fixed number of CTAs
     with a grid-stride loop, ...) of the generic kernels without copying them.
+    """
+
+
+@hookspec
+def flaggems_conformance_cases() -> Mapping[str, Sequence[Case]]:
+    """Optional: contract cases (:class:`flaggems.testing.Case`) per aten op, for ops the plugin adds.
+
+    The kit (``flaggems.testing``) runs them against native torch on every
+    installed implementation of the op, like the core's own cases. A routed op
+    with no case anywhere fails the kit. Called once, when cases are first read.
+    """
+
+
+@hookspec
+def flaggems_bench_workloads() -> Sequence[Workload]:
+    """Optional: :class:`flaggems.bench.workload.Workload` records that ``flaggems bench`` runs beside the core's.
+
+    Each names the aten ops it routes (``routes``), so ``--op`` selects it and
+    the report shows which implementation ran.
+    """
+
+
+@hookspec
+def flaggems_env_vars() -> Sequence[EnvVar]:
+    """Optional: the plugin's own environment variables (:class:`flaggems.config.EnvVar`).
+
+    Each name must start with ``FLAGGEMS_<PLUGIN>_`` (the entry-point name in
+    upper case); they join the registry at discovery, so ``flaggems env`` lists
+    them, ``enable()`` validates them and they are not reported as unknown.
     """

@@ -16,6 +16,8 @@ from . import backends, compiled, config, log, policy
 from .backends import ActiveBackend
 from .binding import Binding
 from .manager import PluginError, PluginManager, fill_distributions
+from .toolkit import context as kernel_context
+from .toolkit import tuning as launch_tuning
 from .types import Backend, OpImpl, Tuning, resolve_callable
 
 
@@ -80,6 +82,30 @@ class Runtime:
             if not self.discovered:
                 self.discovered = True
                 self.manager.discover()
+                self.declare_env_vars()
+
+    def declare_env_vars(self) -> None:
+        """Add each plugin's ``FLAGGEMS_<PLUGIN>_*`` variables (``flaggems_env_vars``) to the registry.
+
+        Called at discovery; again after registering a plugin by hand (tests, notebooks).
+        """
+        for plugin, result in self.manager.call_each("flaggems_env_vars"):
+            prefix = "FLAGGEMS_" + plugin.upper().replace("-", "_").replace(".", "_") + "_"
+            for var in [result] if isinstance(result, config.EnvVar) else list(result):
+                problem = None
+                if not isinstance(var, config.EnvVar):
+                    problem = f"returned {type(var).__name__}, expected flaggems.config.EnvVar"
+                elif not var.name.startswith(prefix) or len(var.name) == len(prefix):
+                    problem = f"declares {var.name}, but its variables must be named {prefix}<NAME>"
+                elif var.name in config.REGISTRY and config.REGISTRY[var.name] is not var:
+                    problem = f"declares {var.name} again"
+                if problem is None:
+                    config.REGISTRY[var.name] = var
+                    continue
+                message = f"flaggems: {self._who(plugin)}: flaggems_env_vars {problem}; it is ignored"
+                if config.get("FLAGGEMS_STRICT"):
+                    raise PluginError(message)
+                warnings.warn(message, RuntimeWarning, stacklevel=2)
 
     def vendor_backends(self) -> list[Backend]:
         """Backends declared by the loaded plugins (two with one name are an error naming both plugins)."""
@@ -125,6 +151,7 @@ class Runtime:
                                       ) from None
                 backends.prepare_interpreter(self._active)
                 log.logger("plugins").info("backend %s (%s)", self._active.name, self._active.reason)
+                kernel_context.reset()  # a new backend: kernels read a new context
             return self._active
 
     def reset(self) -> None:
@@ -132,6 +159,27 @@ class Runtime:
         with self.lock:
             self.disable()
             self._active = None
+        kernel_context.reset()
+
+    def kernel_context(self) -> kernel_context.KernelContext:
+        """The context kernels read (:mod:`flaggems.toolkit.context`), built from the active backend."""
+        active = self.active_backend()
+        facts = active.backend.facts
+        if active.simulated or facts is None:
+            facts = kernel_context.cuda_facts if active.device_type == "cuda" else None
+        from .binding import native_scope
+
+        return kernel_context.KernelContext(
+            device_type=active.device_type, interpreter=active.interpreter,
+            checks=bool(config.get("FLAGGEMS_CHECK_INDICES")) or active.interpreter,
+            dependent_launch=bool(config.get("FLAGGEMS_DEPENDENT_LAUNCH")),
+            grouped_scatter=bool(config.get("FLAGGEMS_GROUPED_SCATTER")),
+            facts_source=None if facts is None else resolve_callable(facts),
+            native_scope=native_scope, tuning=self.tuning_for)
+
+    def tuning_for(self, key: str) -> dict[str, Any]:
+        """The merged tuning values of one key (empty when no plugin tunes it)."""
+        return dict(self.tuning().get(key, {}))
 
     # -- implementations ---------------------------------------------------
     def implementations(self) -> list[tuple[str, OpImpl]]:
@@ -163,6 +211,10 @@ class Runtime:
         vendor: list[Tuning] = []
         for plugin, result in self.manager.call_each("flaggems_tuning", backend=active.backend):
             for item in _as_records(result, Tuning, plugin, "flaggems_tuning"):
+                try:
+                    launch_tuning.check_tuning(item.key, item.values)
+                except ValueError as exc:
+                    raise PluginError(f"{self._who(plugin)}: flaggems_tuning: {exc}") from None
                 if item.vendor is None:
                     generic.append(item)
                 elif item.vendor == active.vendor:
@@ -189,6 +241,7 @@ class Runtime:
                 return
             self.disable()
             active = self.active_backend()
+            self.tuning()  # a plugin's bad tuning fails here, naming the plugin, not at a kernel's first call
             routes = _importable(self.compute_routes(include, exclude))
             binding = Binding(active.dispatch_key)
             log.configure()  # FLAGGEMS_LOG; channels switched on in code count too
@@ -272,3 +325,4 @@ class Runtime:
 
 
 RUNTIME = Runtime()
+kernel_context.set_provider(RUNTIME.kernel_context)

@@ -55,6 +55,10 @@ class Backend:
             :class:`ProbeResult`; a lazy ``"module:attr"`` reference is allowed.
         priority: among several available backends the highest wins.
         description: one line shown by ``flaggems info``.
+        facts: device index -> :class:`flaggems.toolkit.context.DeviceFacts` (multiprocessor or
+            AI-core count, L2 size, warp/wavefront width, max grid, fp64/bf16 support), read once
+            per device into the kernel context; ``None``: torch's CUDA properties on a ``cuda``
+            device, nothing known elsewhere. A lazy ``"module:attr"`` reference is allowed.
     """
 
     name: str
@@ -64,6 +68,7 @@ class Backend:
     probe: LazyCallable
     priority: int = 0
     description: str = ""
+    facts: LazyCallable | None = None
 
 
 @dataclass(frozen=True)

@@ -7,6 +7,7 @@ kernels are decorated.
 
 from __future__ import annotations
 
+import importlib.util
 import logging
 import os
 import subprocess
@@ -15,9 +16,10 @@ import sys
 import pytest
 
 sys.path.insert(0, os.path.dirname(__file__))
-if os.environ.get("FAKE_TORCH_NPU") == "1":
+if os.environ.get("FAKE_TORCH_NPU") == "1" and importlib.util.find_spec("torch_npu") is None:
     # A CPU-backed PrivateUse1 ``npu`` device and a torch_npu stand-in (tests/fakes/torch_npu): the Ascend
-    # probe finds it and the suite runs on a real PrivateUse1 key without Ascend hardware.
+    # probe finds it and the suite runs on a real PrivateUse1 key without Ascend hardware (a real
+    # torch_npu, where installed, is used instead).
     sys.path.insert(0, os.path.join(os.path.dirname(__file__), "fakes"))
 
 import flaggems  # noqa: E402
@@ -25,6 +27,15 @@ from flaggems import log  # noqa: E402
 from flaggems.runtime import RUNTIME  # noqa: E402
 
 flaggems.backend()
+
+
+def set_kernel_context(monkeypatch, **changes) -> None:
+    """Replace fields of the kernel context for one test (``checks=False``: as on a GPU by default)."""
+    import dataclasses
+
+    from flaggems.toolkit import context
+
+    monkeypatch.setattr(context, "_CURRENT", dataclasses.replace(context.current(), **changes, _facts={}))
 
 
 @pytest.fixture(autouse=True)

@@ -17,7 +17,11 @@ from flaggems import binding, compiled
 from flaggems_fakes import kernels
 from flaggems_fakes.plugins import ReplayNeg
 
-DEV = torch.device(flaggems.backend().device_type)
+
+def dev() -> torch.device:
+    """The active backend's device: the ``runtime`` fixture reselects with no plugin installed (CPU where a
+    vendor plugin brought the device, e.g. the fake npu), the other tests run on the installed backend's."""
+    return torch.device(flaggems.backend().device_type)
 
 
 def minus(x: torch.Tensor) -> torch.Tensor:
@@ -51,7 +55,7 @@ def test_compiled_entry_is_active_and_reported(replay_neg):
 
 
 def test_second_call_replays_without_python(replay_neg):
-    x = torch.randn(100, device=DEV)
+    x = torch.randn(100, device=dev())
     first = torch.neg(x)
     second = torch.neg(x)
     assert torch.equal(first, minus(x)) and torch.equal(second, minus(x))
@@ -62,21 +66,21 @@ def test_second_call_replays_without_python(replay_neg):
 
 
 def test_replay_follows_new_data_and_addresses(replay_neg):
-    torch.neg(torch.randn(64, device=DEV))
+    torch.neg(torch.randn(64, device=dev()))
     for _ in range(3):
-        x = torch.randn(64, device=DEV)
+        x = torch.randn(64, device=dev())
         assert torch.equal(torch.neg(x), minus(x))
     assert _stats(replay_neg, "neg")["replay"] == 3
 
 
 @pytest.mark.parametrize("other", [
-    lambda: torch.randn(65, device=DEV),                       # size
-    lambda: torch.randn(64, device=DEV, dtype=torch.float16),  # dtype
-    lambda: torch.randn(65, device=DEV)[1:],                   # storage offset (and address)
-    lambda: torch.randn(8, 8, device=DEV),                     # rank
+    lambda: torch.randn(65, device=dev()),                       # size
+    lambda: torch.randn(64, device=dev(), dtype=torch.float16),  # dtype
+    lambda: torch.randn(65, device=dev())[1:],                   # storage offset (and address)
+    lambda: torch.randn(8, 8, device=dev()),                     # rank
 ])
 def test_key_changes_miss(replay_neg, other):
-    torch.neg(torch.randn(64, device=DEV))
+    torch.neg(torch.randn(64, device=dev()))
     x = other()
     assert torch.equal(torch.neg(x), minus(x))
     stats = _stats(replay_neg, "neg")
@@ -84,7 +88,7 @@ def test_key_changes_miss(replay_neg, other):
 
 
 def test_key_determined_decline_goes_native_from_cpp(replay_neg):
-    x = torch.randn(16, device=DEV).t()[None].expand(2, 16)  # not contiguous: fast_neg declines
+    x = torch.randn(16, device=dev()).t()[None].expand(2, 16)  # not contiguous: fast_neg declines
     for _ in range(3):
         assert torch.equal(torch.neg(x), minus(x))
     stats = _stats(replay_neg, "neg")
@@ -93,14 +97,14 @@ def test_key_determined_decline_goes_native_from_cpp(replay_neg):
 
 
 def test_empty_input_replays_with_no_launch(replay_neg):
-    x = torch.randn(0, 3, device=DEV)
+    x = torch.randn(0, 3, device=dev())
     assert torch.neg(x).shape == (0, 3)
     assert torch.neg(x).shape == (0, 3)
     assert _stats(replay_neg, "neg")["replay"] == 1
 
 
 def test_persistent_workspace_stays_on_python_path(replay_neg):
-    x = torch.randn(32, device=DEV)
+    x = torch.randn(32, device=dev())
     for _ in range(3):
         assert torch.equal(torch.abs(x), minus(x))  # the fake computes -(-(minus(x)))
     stats = _stats(replay_neg, "abs")
@@ -109,7 +113,7 @@ def test_persistent_workspace_stays_on_python_path(replay_neg):
 
 
 def test_host_read_stays_on_python_path(replay_neg):
-    x = torch.randn(32, device=DEV)
+    x = torch.randn(32, device=dev())
     for _ in range(2):
         assert torch.equal(torch.sin(x), minus(x))
     stats = _stats(replay_neg, "sin")
@@ -123,7 +127,7 @@ def test_errors_keep_their_type_and_cache_nothing():
 
         if RUNTIME._binding.registry is None:
             pytest.skip("compiled entry not active")
-        x, index = torch.randn(4, 3, device=DEV), torch.tensor([1, 4], device=DEV)
+        x, index = torch.randn(4, 3, device=dev()), torch.tensor([1, 4], device=dev())
         from flaggems.toolkit import checks
 
         if not checks.enabled():
@@ -136,7 +140,7 @@ def test_errors_keep_their_type_and_cache_nothing():
 
 
 def test_native_scope_bypasses_the_plans(replay_neg):
-    x = torch.randn(10, device=DEV)
+    x = torch.randn(10, device=dev())
     with binding.native_scope():
         torch.neg(x)
     assert kernels.CALLS == []
@@ -144,7 +148,7 @@ def test_native_scope_bypasses_the_plans(replay_neg):
 
 
 def test_disable_restores_native_and_drops_plans(replay_neg):
-    x = torch.randn(10, device=DEV)
+    x = torch.randn(10, device=dev())
     torch.neg(x)
     flaggems.disable()
     assert torch.equal(torch.neg(x), minus(x))
@@ -160,13 +164,13 @@ def test_full_cache_is_dropped_and_refilled(replay_neg, monkeypatch):
     monkeypatch.setattr(binding, "PLAN_CAPACITY", 2)
     flaggems.enable()
     for n in (10, 11, 12):
-        torch.neg(torch.randn(n, device=DEV))
+        torch.neg(torch.randn(n, device=dev()))
     stats = _stats(replay_neg, "neg")
     assert stats["evicted"] == 2 and stats["plans"] == 1
 
 
 def test_threads_share_the_plans(replay_neg):
-    inputs = [torch.randn(48, device=DEV) for _ in range(4)]
+    inputs = [torch.randn(48, device=dev()) for _ in range(4)]
     torch.neg(inputs[0])
     failures = []
 
@@ -193,7 +197,7 @@ def test_python_entry_on_request(runtime, monkeypatch):
         with flaggems.enabled():
             assert flaggems.info()["entry"] == {"active": "python", "reason": "FLAGGEMS_ENTRY=python"}
             assert runtime._binding.registry is None
-            x = torch.randn(5, device=DEV)
+            x = torch.randn(5, device=dev())
             assert torch.equal(torch.neg(x), minus(x))
     finally:
         compiled.reset()
@@ -206,12 +210,12 @@ def test_generic_copy_replays_strided_copies():
 
         if RUNTIME._binding.registry is None:
             pytest.skip("compiled entry not active")
-        src = torch.randn(33, 17, device=DEV)
+        src = torch.randn(33, 17, device=dev())
         for _ in range(3):
-            dst = torch.empty(17, 33, device=DEV)
+            dst = torch.empty(17, 33, device=dev())
             dst.copy_(src.t())
             assert torch.equal(dst, src.t())
-            src = torch.randn(33, 17, device=DEV)
+            src = torch.randn(33, 17, device=dev())
         stats = RUNTIME.plan_stats()[f"aten::copy_@{RUNTIME.active_backend().dispatch_key}"]
         assert stats["replay"] >= 2
 
@@ -243,7 +247,7 @@ def test_replay_launches_on_the_current_stream_and_is_graph_capturable():
 
 def test_autograd_key_keeps_calls_that_need_a_graph_on_python():
     """group_norm at the Autograd key: an input that requires grad is never replayed; gradients stay torch's."""
-    x = torch.randn(2, 6, 3, 3, device=DEV)
+    x = torch.randn(2, 6, 3, 3, device=dev())
     with binding.native_scope():
         leaf = x.clone().requires_grad_()
         torch.nn.functional.group_norm(leaf, 3).square().sum().backward()
@@ -268,7 +272,7 @@ def test_autograd_key_keeps_calls_that_need_a_graph_on_python():
 
 def test_a_plan_built_with_meta_tensors_on_the_first_call_still_replays():
     """group_norm's Python plan is shaped with meta tensors on a new layout's first call: not device work."""
-    x = torch.randn(2, 10, 3, 5, device=DEV)
+    x = torch.randn(2, 10, 3, 5, device=dev())
     with flaggems.enabled():
         from flaggems.runtime import RUNTIME
 

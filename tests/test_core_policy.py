@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 import flaggems
+from flaggems.manager import PluginError
 from flaggems.policy import PolicyError, normalize_op
 from flaggems_fakes.plugins import AcmeVendor, GenericNeg, OtherGenericNeg
 
@@ -120,6 +121,29 @@ def test_tuning_vendor_overrides_generic(acme):
 
     acme.manager.register(GenericTuning(), "tuning")
     assert flaggems.tuning("elementwise") == {"max_ctas": 12, "block_size": 1024}
+
+
+class _BadTuning:
+    def __init__(self, key, values):
+        self.key, self.values = key, values
+
+    @flaggems.hookimpl
+    def flaggems_tuning(self, backend):
+        return [flaggems.Tuning(self.key, self.values)]
+
+
+@pytest.mark.parametrize("key,values,message", [
+    ("elementwise", {"blok_size": 256}, r"plugin 'bad-tuning'.*tuning elementwise: unknown field 'blok_size'; "
+                                        r"did you mean 'block_size'\?"),
+    ("elementwse", {"block_size": 256}, r"plugin 'bad-tuning'.*unknown tuning key 'elementwse'; "
+                                        r"did you mean 'elementwise'\?"),
+    ("elementwise", {"block_size": 300}, r"plugin 'bad-tuning'.*block_size=300: expected a power of two"),
+])
+def test_bad_tuning_fails_at_enable_naming_the_plugin(acme, key, values, message):
+    acme.manager.register(_BadTuning(key, values), "bad-tuning")
+    with pytest.raises(PluginError, match=message):
+        flaggems.enable()
+    flaggems.disable()
 
 
 def test_overrides_naming_an_unknown_op_warn_with_the_closest_names(runtime, monkeypatch):

@@ -6,11 +6,11 @@ import textwrap
 
 import pytest
 import torch
-from conftest import run_compiled
+from conftest import run_compiled, set_kernel_context
 
 import flaggems
 from flaggems.binding import native_scope
-from flaggems.toolkit import checks
+from flaggems.toolkit import context
 from flaggems.toolkit.dependent_launch import dependent_launch
 from flaggems.toolkit.workspace import zeroed_scratch
 
@@ -33,10 +33,10 @@ def native_repeat_interleave(*args, **kwargs) -> torch.Tensor:
 @pytest.fixture
 def unchecked(monkeypatch):
     """Run as on a GPU without FLAGGEMS_CHECK_INDICES: no synchronous checks."""
-    monkeypatch.setattr(checks, "_ENABLED", False)
+    set_kernel_context(monkeypatch, checks=False)
     with flaggems.enabled():
         yield
-    checks.reset()
+    context.reset()
 
 
 def test_out_of_range_index_never_writes_out_of_bounds(unchecked):
@@ -545,9 +545,9 @@ def test_composite_overloads_keep_autograd():
 @pytest.fixture
 def gpu_default_checks(monkeypatch):
     """The GPU default: no synchronous checks (the suite runs with FLAGGEMS_CHECK_INDICES=1)."""
-    monkeypatch.setattr(checks, "_ENABLED", False)
+    set_kernel_context(monkeypatch, checks=False)
     yield
-    checks.reset()
+    context.reset()
 
 
 @CUDA
@@ -612,7 +612,7 @@ def test_back_to_back_known_size_calls_see_their_own_scan(dependent, gpu_default
     from flaggems.toolkit import dependent_launch as dl
 
     monkeypatch.setenv("FLAGGEMS_DEPENDENT_LAUNCH", dependent)
-    dl.reset()
+    context.reset()
     gen = torch.Generator().manual_seed(8)
     rows, items = 17096, 854524
     repeats = [seed_repeats(rows, items, "cuda")[torch.randperm(rows, generator=gen).cuda()] for _ in range(40)]
@@ -624,7 +624,7 @@ def test_back_to_back_known_size_calls_see_their_own_scan(dependent, gpu_default
                     torch.repeat_interleave(r, output_size=items) for i, r in enumerate(repeats)]
         overlapped = dl.dependent_launch(repeats[0])
     finally:
-        dl.reset()
+        context.reset()
     assert overlapped == (dependent == "1" and torch.version.hip is None
                           and torch.cuda.get_device_capability(0)[0] >= 9)
     assert ((False, True, True) in ri._LAUNCHERS) or not overlapped

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from types import SimpleNamespace
-
 import pytest
 import torch
+from conftest import set_kernel_context
 
+from flaggems.toolkit import context
 from flaggems.toolkit import dependent_launch as dl
 
 SM90 = pytest.mark.skipif(not torch.cuda.is_available() or torch.version.hip is not None
@@ -15,9 +15,9 @@ SM90 = pytest.mark.skipif(not torch.cuda.is_available() or torch.version.hip is 
 
 @pytest.fixture(autouse=True)
 def fresh_answers():
-    dl.reset()
+    context.reset()
     yield
-    dl.reset()
+    context.reset()
 
 
 def test_never_off_cuda(monkeypatch):
@@ -30,11 +30,9 @@ def test_never_off_cuda(monkeypatch):
 @pytest.fixture
 def hopper(monkeypatch):
     """A compiled (not interpreted) backend on an sm_90 device with a Triton that has ``launch_pdl``."""
-    from flaggems.runtime import RUNTIME
-
     if torch.version.hip is not None or not dl._GDC:
         pytest.skip("ROCm torch or a Triton without grid dependency control")
-    monkeypatch.setattr(RUNTIME, "active_backend", lambda: SimpleNamespace(interpreter=False))
+    set_kernel_context(monkeypatch, interpreter=False)
     monkeypatch.setattr(dl, "_triton_has_pdl_option", lambda: True)
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device: (9, 0))
     monkeypatch.delenv("FLAGGEMS_DEPENDENT_LAUNCH", raising=False)
@@ -56,13 +54,13 @@ def test_a_failing_capability_query_means_no(hopper, monkeypatch):
 
 def test_turned_off_by_the_environment(hopper, monkeypatch):
     monkeypatch.setenv("FLAGGEMS_DEPENDENT_LAUNCH", "0")
+    monkeypatch.setattr(context, "_CURRENT", None)  # the context reads the variable again
+    set_kernel_context(monkeypatch, interpreter=False)
     assert dl._available(0) is False
 
 
 def test_never_under_the_interpreter(hopper, monkeypatch):
-    from flaggems.runtime import RUNTIME
-
-    monkeypatch.setattr(RUNTIME, "active_backend", lambda: SimpleNamespace(interpreter=True))
+    set_kernel_context(monkeypatch, interpreter=True)
     assert dl._available(0) is False
 
 

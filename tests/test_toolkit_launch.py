@@ -328,3 +328,22 @@ def test_triton_imported_before_flaggems_still_interprets():
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0 and done.stdout.strip().endswith("ok"), done.stderr[-2000:]
+
+
+def test_the_toolkit_never_imports_the_core_above_it():
+    """The toolkit sits under the binding and the runtime: it reads the kernel context, never them."""
+    import ast
+    from pathlib import Path
+
+    import flaggems.toolkit
+
+    upward = []
+    for path in Path(flaggems.toolkit.__file__).parent.glob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and (node.level >= 2 or (node.module or "").startswith("flaggems")):
+                if not (node.module or "").startswith("flaggems.toolkit"):
+                    upward.append(f"{path.name}: from {'.' * node.level}{node.module or ''} import ...")
+            elif isinstance(node, ast.Import):
+                upward += [f"{path.name}: import {a.name}" for a in node.names
+                           if a.name.startswith("flaggems") and not a.name.startswith("flaggems.toolkit")]
+    assert not upward, upward

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import pytest
 import torch
+from conftest import set_kernel_context
 
 import flaggems
 from flaggems.binding import native_scope
-from flaggems.toolkit import checks
+from flaggems.toolkit import context
 from flaggems.toolkit import partition as part
 
 DEV = torch.device(flaggems.backend().device_type)
@@ -18,9 +19,10 @@ CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def small(monkeypatch):
     """64-pair blocks, 3 programs looping over them, 16-element probe windows, no size threshold."""
     settings = {"BLOCK": 64, "PROGRAMS": 3, "WINDOW": 16, "SCATTER_BLOCK": 32, "MIN_INDICES": 1,
-                "MIN_DEST_BYTES": 1, "_LAUNCHERS": {}, "_ENABLED": True}
+                "MIN_DEST_BYTES": 1, "_LAUNCHERS": {}}
     for name, value in settings.items():
         monkeypatch.setattr(part, name, value)
+    set_kernel_context(monkeypatch, grouped_scatter=True)
     return part
 
 
@@ -160,7 +162,7 @@ def meta(size: int, dtype: torch.dtype = torch.float16) -> torch.Tensor:
 
 def test_applies_where_sectors_take_several_stores(monkeypatch):
     monkeypatch.delenv("FLAGGEMS_GROUPED_SCATTER", raising=False)
-    monkeypatch.setattr(part, "_ENABLED", None)
+    context.reset()
     monkeypatch.setattr(part, "l2_bytes", lambda device: 60 << 20)  # an H200's
     index = meta(2**29, torch.int64)
     for dtype in (torch.uint8, torch.float16, torch.bfloat16, torch.float32, torch.int32):
@@ -178,9 +180,9 @@ def test_applies_where_sectors_take_several_stores(monkeypatch):
     assert not part.applies(meta(2**30), index)
     monkeypatch.setattr(part, "l2_bytes", lambda device: None)
     monkeypatch.setenv("FLAGGEMS_GROUPED_SCATTER", "0")
-    part.reset()
+    context.reset()
     assert not part.applies(meta(2**30), index)
-    part.reset()
+    context.reset()
 
 
 def test_digit_bits_are_the_fewest_whose_regions_fit_the_l2_cache(monkeypatch):
@@ -201,7 +203,7 @@ def test_digit_bits_are_the_fewest_whose_regions_fit_the_l2_cache(monkeypatch):
 
 @pytest.mark.parametrize("inplace", [True, False])
 def test_index_copy_routes_a_large_1d_scatter_through_it(small, monkeypatch, inplace):
-    monkeypatch.setattr(checks, "_ENABLED", False)
+    set_kernel_context(monkeypatch, checks=False)
     calls = []
     real = part.grouped_scatter
     monkeypatch.setattr(part, "grouped_scatter", lambda *a: calls.append(1) or real(*a))
@@ -214,14 +216,14 @@ def test_index_copy_routes_a_large_1d_scatter_through_it(small, monkeypatch, inp
         expected = dest.index_copy(1, index, source)
     with flaggems.enabled():
         out = dest.index_copy_(1, index, source) if inplace else torch.index_copy(dest, 1, index, source)
-    checks.reset()
+    context.reset()
     assert calls == [1]
     assert torch.equal(out, expected)
 
 
 def test_index_copy_leaves_a_sparse_scatter_to_the_plain_kernel(small, monkeypatch):
     """Under ``MIN_SECTOR_STORES`` stores a sector, grouping costs more than it merges."""
-    monkeypatch.setattr(checks, "_ENABLED", False)
+    set_kernel_context(monkeypatch, checks=False)
     monkeypatch.setattr(part, "grouped_scatter", lambda *a: pytest.fail("grouped a sparse scatter"))
     size, n = 3000, 300  # 1.6 stores a sector
     gen = torch.Generator().manual_seed(11)
@@ -232,7 +234,7 @@ def test_index_copy_leaves_a_sparse_scatter_to_the_plain_kernel(small, monkeypat
         expected = dest.index_copy(0, index, source)
     with flaggems.enabled():
         out = torch.index_copy(dest, 0, index, source)
-    checks.reset()
+    context.reset()
     assert torch.equal(out, expected)
 
 

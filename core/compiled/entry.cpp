@@ -472,10 +472,10 @@ void replay(const Plan& plan, const std::vector<at::Tensor>& inputs, torch::jit:
   void* stream = nullptr;
   if (device.type() != at::kCPU) {
     guard.reset_device(device);
-    if (!plan.steps.empty()) {
+    if (!plan.steps.empty() && device.type() == at::kCUDA) {  // driver steps launch on CUDA devices only
       c10::impl::VirtualGuardImpl impl(device.type());
       stream = impl.getStream(device).native_handle();
-      if (device.type() == at::kCUDA) ensure_context(device.index());
+      ensure_context(device.index());
     }
   }
   std::vector<at::Tensor> allocs;

@@ -85,9 +85,25 @@ def _load_case_modules() -> None:
     try:
         package = importlib.import_module(f"{__name__}.cases")
     except ModuleNotFoundError:
+        _load_plugin_cases()
         return
     for module in pkgutil.iter_modules(package.__path__):
         importlib.import_module(f"{package.__name__}.{module.name}")
+    _load_plugin_cases()
+
+
+def _load_plugin_cases() -> None:
+    """Cases plugins add through ``flaggems_conformance_cases`` (op -> cases)."""
+    from ..runtime import RUNTIME
+
+    for plugin, result in RUNTIME.manager.call_each("flaggems_conformance_cases"):
+        for op, cases in dict(result).items():
+            cases = list(cases)
+            bad = [c for c in cases if not isinstance(c, Case)]
+            if bad:
+                raise TypeError(f"plugin {plugin!r}: flaggems_conformance_cases gave {type(bad[0]).__name__} "
+                                f"for {op}, expected flaggems.testing.Case")
+            register_cases(op, cases)
 
 
 def cases_for(op: str) -> list[Case]:

@@ -16,25 +16,40 @@
   whether a kernel may start while the one before it finishes
   (programmatic dependent launch on NVIDIA sm_90+), with the in-kernel wait.
 
-Importing this package imports Triton; select the backend (``flaggems.backend()``)
+* :mod:`.context`: the kernel context the core hands down (interpreter,
+  flags, device facts, native scope, tuning); kernels read it, never the
+  runtime.
+
+Importing a kernel module imports Triton; select the backend (``flaggems.backend()``)
 first so that the CPU interpreter is set up before any kernel is decorated.
+The names below load their modules on first use: importing this package (or
+:mod:`.context`) imports no Triton.
 """
 
 from __future__ import annotations
 
-from .launch import FastLauncher
-from .layout import cdiv, collapse_dims, next_pow2
-from .strided import strided_copy
-from .tuning import ElementwisePolicy, elementwise_policy, reset_policy, set_policy
+import importlib
+from typing import Any
 
-__all__ = [
-    "ElementwisePolicy",
-    "FastLauncher",
-    "cdiv",
-    "collapse_dims",
-    "elementwise_policy",
-    "next_pow2",
-    "reset_policy",
-    "set_policy",
-    "strided_copy",
-]
+_EXPORTS = {
+    "FastLauncher": "launch",
+    "cdiv": "layout",
+    "collapse_dims": "layout",
+    "next_pow2": "layout",
+    "strided_copy": "strided",
+    "ElementwisePolicy": "tuning",
+    "elementwise_policy": "tuning",
+    "reset_policy": "tuning",
+    "set_policy": "tuning",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
+    globals()[name] = value
+    return value

@@ -11,25 +11,12 @@ from __future__ import annotations
 
 import torch
 
-from .. import config
-
-_ENABLED: bool | None = None
+from . import context
 
 
 def enabled() -> bool:
-    """True when synchronous checks run (read once; :func:`reset` re-reads)."""
-    global _ENABLED
-    if _ENABLED is None:
-        from ..runtime import RUNTIME
-
-        _ENABLED = bool(config.get("FLAGGEMS_CHECK_INDICES")) or RUNTIME.active_backend().interpreter
-    return _ENABLED
-
-
-def reset() -> None:
-    """Forget the cached answer (after changing ``FLAGGEMS_CHECK_INDICES``)."""
-    global _ENABLED
-    _ENABLED = None
+    """True when synchronous checks run: ``FLAGGEMS_CHECK_INDICES`` or the interpreter (the kernel context)."""
+    return context.current().checks
 
 
 def first_out_of_range(index: torch.Tensor, size: int) -> int | None:

@@ -32,7 +32,7 @@ from __future__ import annotations
 import torch
 import triton
 
-from .. import config
+from . import context
 
 try:
     from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
@@ -62,11 +62,10 @@ def _triton_has_pdl_option() -> bool:
 
 
 def _available(device: int) -> bool:
-    from ..runtime import RUNTIME
-
-    if not _GDC or torch.version.hip is not None or RUNTIME.active_backend().interpreter:
+    ctx = context.current()
+    if not _GDC or torch.version.hip is not None or ctx.interpreter:
         return False
-    if not config.get("FLAGGEMS_DEPENDENT_LAUNCH") or not _triton_has_pdl_option():
+    if not ctx.dependent_launch or not _triton_has_pdl_option():
         return False
     try:
         return torch.cuda.get_device_capability(device)[0] >= 9
@@ -91,6 +90,4 @@ def dependent_launch(like: torch.Tensor) -> bool:
     return ok
 
 
-def reset() -> None:
-    """Forget the per-device answers (after changing ``FLAGGEMS_DEPENDENT_LAUNCH``)."""
-    _BY_DEVICE.clear()
+context.on_reset(_BY_DEVICE.clear)  # the answers derive from the context's flags

@@ -23,8 +23,8 @@ the fast path. Anything the fast path does not understand (a Triton version
 outside the tested range, launch hooks set by a profiler, an argument that is
 neither a tensor nor a Python number) goes through ``kernel[grid](...)``.
 Under Triton's interpreter every launch is a plain launch inside
-:func:`flaggems.binding.native_scope`, so the torch ops the interpreter runs
-on CPU tensors never re-enter flaggems overrides.
+the kernel context's native scope (the binding's, handed down), so the torch
+ops the interpreter runs on CPU tensors never re-enter flaggems overrides.
 
 Contract: each runtime argument keeps its kind (tensor, ``int``, ``float``)
 from call to call; integer arguments fit in 64 signed bits.
@@ -41,8 +41,7 @@ from typing import Any
 import torch
 import triton
 
-from ..binding import native_scope
-from . import recording
+from . import context, recording
 from .raw_launch import RawLaunch, bind_raw, compile_hooks_idle, hooks_idle, triton_version
 
 #: Triton (major, minor) range whose launch internals the fast path was checked against.
@@ -318,7 +317,7 @@ class FastLauncher:
     def _plain(self, grid: Sequence[int], args: Sequence[Any]) -> Any:
         """``fn[grid](...)`` on the first tensor's device; returns what Triton returns."""
         if self.mode == INTERPRET:
-            with _INTERPRETER_LOCK, native_scope():
+            with _INTERPRETER_LOCK, context.current().native_scope():
                 return self.fn[tuple(grid)](*self._full_args(args), **self.options)
         index = next((a.get_device() for a in args if isinstance(a, torch.Tensor)), -1)
         with _device().guard(index):

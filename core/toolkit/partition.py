@@ -49,13 +49,11 @@ keys and ``n`` values (6 GiB for the fp16 ``2**29`` case).
 # ruff: noqa: N803 - constexpr parameters are UPPER_CASE, as in every Triton kernel
 from __future__ import annotations
 
-import functools
-
 import torch
 import triton
 import triton.language as tl
 
-from .. import config
+from . import context
 from .launch import FastLauncher
 from .layout import SECTOR_BYTES, cdiv
 
@@ -306,33 +304,17 @@ def region_shift(size: int, bits: int) -> int:
     return max(0, (cdiv(size, 1 << 2 * bits) - 1).bit_length())
 
 
-_ENABLED: bool | None = None
-
-
 def enabled() -> bool:
-    """``FLAGGEMS_GROUPED_SCATTER`` (read once; :func:`reset` re-reads)."""
-    global _ENABLED
-    if _ENABLED is None:
-        _ENABLED = bool(config.get("FLAGGEMS_GROUPED_SCATTER"))
-    return _ENABLED
-
-
-def reset() -> None:
-    """Forget the cached setting (after changing ``FLAGGEMS_GROUPED_SCATTER``)."""
-    global _ENABLED
-    _ENABLED = None
+    """``FLAGGEMS_GROUPED_SCATTER``, as the kernel context carries it."""
+    return context.current().grouped_scatter
 
 
 def l2_bytes(device: torch.device) -> int | None:
-    """The L2 cache size of a CUDA (or HIP) device, 0 when torch does not say; None for other devices."""
-    if device.type != "cuda":
+    """The L2 cache size of ``device`` from the backend's device facts (0: not reported); None on the CPU."""
+    if device.type == "cpu":
         return None
-    return _cuda_l2_bytes(torch.cuda.current_device() if device.index is None else device.index)
-
-
-@functools.lru_cache(maxsize=64)
-def _cuda_l2_bytes(index: int) -> int:
-    return int(getattr(torch.cuda.get_device_properties(index), "L2_cache_size", 0))
+    found = context.current().facts(device.index or 0).l2_bytes
+    return 0 if found is None and device.type == "cuda" else found
 
 
 def digit_bits(dest: torch.Tensor) -> int | None:

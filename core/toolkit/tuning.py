@@ -16,15 +16,21 @@ kernels themselves are never copied. Recognised keys:
     ``None`` launches one program per tile; an integer caps the grid, each
     program then walking the tiles with a grid-stride loop.
 
-Unknown keys are ignored (a newer plugin may know more keys).
+Each tuning key names a typed launch policy (:data:`POLICIES`): a dataclass
+whose fields are the values a plugin may set. A key no policy has, a field the
+policy lacks or a value it cannot use is an error naming the plugin (raised
+when the core merges the tuning, at ``enable()``), never silently ignored.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
+
+from . import context
 
 KEY = "elementwise"
 
@@ -49,7 +55,8 @@ class ElementwisePolicy:
 
     @classmethod
     def from_values(cls, values: Mapping[str, Any]) -> ElementwisePolicy:
-        """Build a policy from a tuning mapping; raises ``ValueError`` on bad values."""
+        """Build a policy from a tuning mapping; raises ``ValueError`` on unknown fields or bad values."""
+        unknown_fields(KEY, cls, values)
         policy = cls(
             block_size=int(values.get("block_size", cls.block_size)),
             tile=int(values.get("tile", cls.tile)),
@@ -74,6 +81,39 @@ class ElementwisePolicy:
             raise ValueError(f"tuning {KEY}.max_ctas={self.max_ctas}: expected a positive integer or None")
 
 
+def unknown_fields(key: str, policy: type, values: Mapping[str, Any]) -> None:
+    """Raise ``ValueError`` naming each value ``policy`` has no field for (with the closest field)."""
+    import difflib
+
+    names = [f.name for f in dataclasses.fields(policy)]
+    for name in values:
+        if name not in names:
+            close = difflib.get_close_matches(str(name), names, n=1)
+            hint = f"; did you mean {close[0]!r}?" if close else f"; fields: {', '.join(names)}"
+            raise ValueError(f"tuning {key}: unknown field {name!r}{hint}")
+
+
+#: Tuning key -> the launch policy its values configure (kernel families register theirs).
+POLICIES: dict[str, type] = {KEY: ElementwisePolicy}
+
+
+def register_policy(key: str, policy: type) -> None:
+    """Declare the launch policy of a kernel family: a dataclass with ``from_values(values)``."""
+    POLICIES[key] = policy
+
+
+def check_tuning(key: str, values: Mapping[str, Any]) -> None:
+    """Raise ``ValueError`` when ``values`` cannot configure ``key`` (no such policy, field or value)."""
+    import difflib
+
+    policy = POLICIES.get(key)
+    if policy is None:
+        close = difflib.get_close_matches(key, list(POLICIES), n=1)
+        hint = f"did you mean {close[0]!r}?" if close else f"known: {', '.join(sorted(POLICIES))}"
+        raise ValueError(f"unknown tuning key {key!r}; {hint}")
+    policy.from_values(values)
+
+
 _LOCK = threading.Lock()
 _CURRENT: ElementwisePolicy | None = None
 _LISTENERS: list[Callable[[], None]] = []
@@ -87,17 +127,17 @@ def on_policy_change(listener: Callable[[], None]) -> None:
 def elementwise_policy() -> ElementwisePolicy:
     """The active policy, read once from ``flaggems.tuning("elementwise")`` and cached.
 
-    Reading tuning selects the backend and calls every plugin's hook, which is
-    far too slow per call; :func:`reset_policy` forgets the cached answer.
+    The plugins' values come through the kernel context (the runtime merges
+    them: every plugin's hook, far too slow per call); :func:`reset_policy`,
+    or a reset of the context, forgets the cached answer.
     """
     global _CURRENT
     policy = _CURRENT
     if policy is None:
-        import flaggems
-
+        values = context.current().tuning(KEY)
         with _LOCK:
             if _CURRENT is None:
-                _CURRENT = ElementwisePolicy.from_values(flaggems.tuning(KEY))
+                _CURRENT = ElementwisePolicy.from_values(values)
             policy = _CURRENT
     return policy
 
@@ -116,3 +156,6 @@ def set_policy(policy: ElementwisePolicy | None) -> None:
 def reset_policy() -> None:
     """Forget the cached policy: the next use reads plugin tuning again."""
     set_policy(None)
+
+
+context.on_reset(reset_policy)  # new context, new tuning

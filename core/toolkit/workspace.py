@@ -45,7 +45,10 @@ def _stream_key(like: torch.Tensor) -> tuple[str, int, int]:
     if device.type == "cpu":
         return ("cpu", -1, 0)
     index = like.get_device()
-    return (device.type, index, _device().stream(index))
+    if device.type == "cuda":
+        return (device.type, index, _device().stream(index))
+    # Any other device (a PrivateUse1 backend, possibly without a Triton driver): torch's generic stream.
+    return (device.type, index, torch.accelerator.current_stream(device).stream_id)
 
 
 def _buffer(key: tuple[str, int, int], like: torch.Tensor, words: int) -> torch.Tensor:

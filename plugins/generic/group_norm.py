@@ -53,7 +53,7 @@ import triton
 import triton.language as tl
 
 from flaggems import Decline
-from flaggems.toolkit import FastLauncher, cdiv, collapse_dims, next_pow2
+from flaggems.toolkit import FastLauncher, cdiv, collapse_dims, context, next_pow2
 from flaggems.toolkit.jit_helpers import hint16 as _hint16
 from flaggems.toolkit.jit_helpers import index_type as _index
 
@@ -76,7 +76,8 @@ MAX_CHUNKS = 128
 FUSE_LIMIT = 1024
 #: Programs wanted per streaming multiprocessor when splitting groups.
 PROGRAMS_PER_SM = 4
-#: Grid target where no SM count is known (interpreter: small grids, split paths still used).
+#: Grid target where the device facts give no multiprocessor count (interpreter: small grids, split
+#: paths still used).
 DEFAULT_TARGET = {"cpu": 4}
 INT32_LIMIT = 2**31
 #: Unit-stride codes of an operand: no unit stride, spatial (contiguous-like), channel (channels_last-like).
@@ -517,8 +518,9 @@ class Tiling:
 
 @functools.lru_cache(maxsize=64)
 def _target_programs(device_type: str, index: int) -> int:
-    if device_type == "cuda":
-        return PROGRAMS_PER_SM * torch.cuda.get_device_properties(index).multi_processor_count
+    units = context.current().facts(index).multiprocessors if device_type != "cpu" else None
+    if units:
+        return PROGRAMS_PER_SM * units
     return DEFAULT_TARGET.get(device_type, 512)
 
 

@@ -16,10 +16,20 @@ MODULES = ("copy_", "_to_copy", "index_copy", "index_select", "repeat_interleave
 
 
 def all_workloads() -> list[Workload]:
-    """Every workload of every shape module, in :data:`MODULES` order."""
+    """Every workload of every shape module, in :data:`MODULES` order, then those of plugins
+    (``flaggems_bench_workloads``)."""
+    from ...runtime import RUNTIME
+
     found: list[Workload] = []
     for name in MODULES:
         found.extend(importlib.import_module(f"{__name__}.{name}").WORKLOADS)
+    for plugin, result in RUNTIME.manager.call_each("flaggems_bench_workloads"):
+        extra = [result] if isinstance(result, Workload) else list(result)
+        bad = [w for w in extra if not isinstance(w, Workload)]
+        if bad:
+            raise TypeError(f"plugin {plugin!r}: flaggems_bench_workloads gave {type(bad[0]).__name__}, "
+                            f"expected flaggems.bench.workload.Workload")
+        found.extend(extra)
     return found
 
 

@@ -17,6 +17,7 @@
 #include <torch/library.h>
 
 #include <cstdlib>
+#include <unordered_map>
 #include <cstring>
 
 namespace {
@@ -76,23 +77,34 @@ at::Tensor device_view(const c10::Storage& storage, const at::Tensor& like) {
   return out;
 }
 
-// A CPU tensor over a device tensor's memory (same storage bytes, sizes, strides, offset).
-at::Tensor host_alias(const at::Tensor& t) {
+using HostStorages = std::unordered_map<const c10::StorageImpl*, c10::Storage>;
+
+// A CPU tensor over a device tensor's memory (same storage bytes, sizes, strides, offset). Tensors of one
+// device storage get one host storage, so that torch's overlap checks see them alias.
+at::Tensor host_alias(const at::Tensor& t, HostStorages& storages) {
   const c10::Storage& s = t.storage();
-  // Resizable: an out= kernel may grow its output; sync_back moves the grown memory to the device tensor.
-  c10::Storage host(c10::Storage::use_byte_size_t(), s.nbytes(),
-                    c10::DataPtr(s.mutable_data(), c10::Device(c10::kCPU)), c10::GetAllocator(c10::kCPU), true);
-  auto out = at::detail::make_tensor<c10::TensorImpl>(std::move(host), c10::DispatchKeySet(c10::DispatchKey::CPU),
-                                                      t.dtype());
+  auto found = storages.find(s.unsafeGetStorageImpl());
+  if (found == storages.end()) {
+    // Resizable: an out= kernel may grow its output; sync_back moves the grown memory to the device tensor.
+    c10::Storage host(c10::Storage::use_byte_size_t(), s.nbytes(),
+                      c10::DataPtr(s.mutable_data(), c10::Device(c10::kCPU)), c10::GetAllocator(c10::kCPU), true);
+    found = storages.emplace(s.unsafeGetStorageImpl(), std::move(host)).first;
+  }
+  auto out = at::detail::make_tensor<c10::TensorImpl>(c10::Storage(found->second),
+                                                      c10::DispatchKeySet(c10::DispatchKey::CPU), t.dtype());
   out.unsafeGetTensorImpl()->set_sizes_and_strides(t.sizes(), t.strides(), t.storage_offset());
   return out;
 }
 
-at::Tensor as_host(const at::Tensor& t) { return t.device().type() == kType ? host_alias(t) : t; }
+at::Tensor as_host(const at::Tensor& t, HostStorages& storages) {
+  return t.device().type() == kType ? host_alias(t, storages) : t;
+}
 
-// Cross-device copies (copy_ between this device and the CPU lands here): both sides as host memory.
+// torch's copy_ hands every copy touching this device to _copy_from: both sides as host memory (one host
+// storage per device storage, so that the CPU copy's overlap checks still see an aliasing pair).
 at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool) {
-  as_host(dst).copy_(as_host(self));
+  HostStorages storages;
+  as_host(dst, storages).copy_(as_host(self, storages));
   return dst;
 }
 
@@ -148,24 +160,24 @@ at::Tensor map_back(const at::Tensor& r, const std::vector<Arg>& args, bool keep
   return device_view(storage, r);
 }
 
-c10::IValue to_host(const c10::IValue& v, std::vector<Arg>& args) {
+c10::IValue to_host(const c10::IValue& v, std::vector<Arg>& args, HostStorages& storages) {
   if (v.isTensor()) {
     const at::Tensor& t = v.toTensor();
     if (t.defined() && t.device().type() == kType) {
-      args.push_back({t, host_alias(t)});
+      args.push_back({t, host_alias(t, storages)});
       return args.back().host;
     }
     return v;
   }
   if (v.isTensorList()) {
     c10::List<at::Tensor> out;
-    for (const at::Tensor t : v.toTensorList()) out.push_back(to_host(t, args).toTensor());
+    for (const at::Tensor t : v.toTensorList()) out.push_back(to_host(t, args, storages).toTensor());
     return out;
   }
   if (v.isOptionalTensorList()) {
     c10::List<std::optional<at::Tensor>> out;
     for (const std::optional<at::Tensor> t : v.toOptionalTensorList()) {
-      out.push_back(t.has_value() ? std::optional<at::Tensor>(to_host(*t, args).toTensor()) : std::nullopt);
+      out.push_back(t.has_value() ? std::optional<at::Tensor>(to_host(*t, args, storages).toTensor()) : std::nullopt);
     }
     return out;
   }
@@ -202,11 +214,12 @@ void fallback(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::jit::St
   const auto& schema = op.schema();
   const size_t n = schema.arguments().size();
   std::vector<Arg> args;
+  HostStorages storages;
   bool other_device = false;  // the call names a device that is not this one (e.g. .cpu())
   for (size_t i = stack->size() - n; i < stack->size(); ++i) {
     c10::IValue& v = (*stack)[i];
     if (v.isDevice() && v.toDevice().type() != kType) other_device = true;
-    v = to_host(v, args);
+    v = to_host(v, args, storages);
   }
   op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::CPU), stack);
   for (const Arg& a : args) sync_back(a);
@@ -224,6 +237,11 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("set_.source_Storage_storage_offset", set_storage);
   m.impl("set_.source_Storage", set_whole_storage);
   m.impl("set_.source_Tensor", set_tensor);
+  // Ops whose CompositeExplicitAutograd kernel would run on PrivateUse1 instead of the fallback, without
+  // the CPU kernel's argument checks (group=0 divides by zero); an NPU backend has kernels of its own.
+  for (const char* name : {"native_group_norm", "native_group_norm_backward"}) {
+    m.impl(name, torch::CppFunction::makeFromBoxedFunction<&fallback>());
+  }
 }
 
 TORCH_LIBRARY_IMPL(_, PrivateUse1, m) {
