@@ -12,6 +12,7 @@ import types
 
 import pytest
 import torch
+from conftest import set_kernel_context
 
 import flaggems
 
@@ -60,7 +61,7 @@ def test_interpreted_launch_runs_in_native_scope(monkeypatch):
             finally:
                 inside[0] = False
 
-    monkeypatch.setattr(launch, "native_scope", recording_scope)
+    set_kernel_context(monkeypatch, native_scope=recording_scope)  # the scope the core hands down
     scale_kernel.add_pre_run_hook(lambda *args, **kwargs: seen.append(inside[0]))
     try:
         x = torch.randn(8)

@@ -159,7 +159,8 @@ def test_policy_rejects_bad_values():
         ElementwisePolicy.from_values({"block_size": 1000})
     with pytest.raises(ValueError):
         ElementwisePolicy.from_values({"max_ctas": 0})
-    assert ElementwisePolicy.from_values({"max_ctas": 12, "extra": 1}).max_ctas == 12
+    with pytest.raises(ValueError, match="unknown field 'extra'"):  # never silently ignored
+        ElementwisePolicy.from_values({"max_ctas": 12, "extra": 1})
 
 
 # -- copies on the device ---------------------------------------------------

@@ -18,15 +18,12 @@ from typing import Any
 import torch
 
 from . import copy_kernels as kernels
+from .dtypes import SUPPORTED_DTYPES
 from .launch import FastLauncher
 from .layout import collapse_dims, move_dim, remember, span
 from .tuning import ElementwisePolicy, elementwise_policy, on_policy_change
 
 #: dtypes :func:`strided_copy` reads and writes.
-SUPPORTED_DTYPES = frozenset({
-    torch.float16, torch.bfloat16, torch.float32, torch.float64,
-    torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8, torch.bool,
-})
 #: Most dimensions a kernel takes after collapsing; more are split on the host.
 MAX_RANK = 6
 #: Offsets at or beyond this switch to the 64-bit indexed kernel variant.

@@ -34,9 +34,10 @@ inverse kernel flags a decreasing index, and one launch
 the gather on the device: no host synchronisation, no launch left empty.
 Measured: benchmarks/RESULTS.md, runs 5, 6 and 8.
 
-Invalid arguments (shapes, dtypes, index rank or dtype, devices, a ``self``
-sharing memory with ``source`` or ``index``) decline to the native kernel,
-which raises torch's exact error. Out-of-range indices: see
+torch's semantics (argument checks that decline to the native kernel, which
+raises torch's exact error; dim wrapping; overlap declines; the index range
+check; the contiguous out-of-place result) live in the public front
+:mod:`flaggems.fronts.index_copy`, which a vendor's kernel uses too. Out-of-range indices: see
 :mod:`flaggems.toolkit.checks` (IndexError when checking; masked otherwise).
 Duplicate indices: one of the candidates wins, unspecified (as in torch).
 Empty index or source: no kernel launch.
@@ -52,11 +53,12 @@ import triton
 import triton.language as tl
 
 from flaggems import Decline
-from flaggems.toolkit import cdiv, checks, partition
+from flaggems.fronts import index_copy as index_copy_front
+from flaggems.toolkit import cdiv, partition
 from flaggems.toolkit.indexing import INDEX_SEARCH, index_along_dim, scatter_or_gather
 from flaggems.toolkit.launch import FastLauncher
-from flaggems.toolkit.layout import SECTOR_BYTES, overlaps
-from flaggems.toolkit.strided import SUPPORTED_DTYPES, strided_copy
+from flaggems.toolkit.layout import SECTOR_BYTES
+from flaggems.toolkit.strided import strided_copy
 
 #: The inverse-index form is used from this many destination elements on (below, the extra launch
 #: of the inverse shows), when ``dim`` has at most 1/``INVERSE_DIM_SHARE`` of them (the inverse
@@ -124,31 +126,6 @@ def _scatter_positions(index, inverse, j, n, size, stride, ORDER: tl.constexpr):
 
 
 _INVERT: dict[tuple[bool, bool], FastLauncher] = {}
-
-
-def _valid(self: torch.Tensor, dim: int, index: torch.Tensor, source: torch.Tensor) -> bool:
-    """torch's argument checks, without building error messages (native builds them)."""
-    if index.dim() > 1 or index.dtype != torch.int64 or self.dtype != source.dtype:
-        return False
-    if not (self.device == source.device == index.device) or self.dtype not in SUPPORTED_DTYPES:
-        return False
-    if source.dim() == 0 or self.dim() == 0:
-        return index.numel() == 1 and source.numel() == 1 and self.dim() <= 1 and source.dim() <= 1
-    if source.dim() != self.dim():
-        return False
-    if any(s != t for d, (s, t) in enumerate(zip(self.shape, source.shape)) if d != dim):
-        return False
-    return source.shape[dim] == index.numel()
-
-
-def _check_range(index: torch.Tensor, size: int, dim: int) -> None:
-    bad = checks.first_out_of_range(index, size)
-    if bad is not None:
-        raise IndexError(f"index_copy_(): index {bad} is out of bounds for dimension {dim} with size {size}")
-
-
-def _as_rank1(tensor: torch.Tensor) -> torch.Tensor:
-    return tensor.reshape(1) if tensor.dim() == 0 else tensor
 
 
 def _inverse(index: torch.Tensor, size: int, order: bool = False) -> torch.Tensor:
@@ -234,19 +211,13 @@ def _grouped(target: torch.Tensor, dim: int, index: torch.Tensor, source: torch.
     return partition.applies(flat, index) and partition.grouped_scatter(flat, index, source.view(-1)) is not None
 
 
-def scatter_rows(self: torch.Tensor, dim: int, index: torch.Tensor, source: torch.Tensor,
-                 out: torch.Tensor | None = None) -> None:
-    """Validated ``index_copy`` along ``dim`` (normalised): into ``self`` in place, or into ``out``.
+def scatter_rows(call: index_copy_front.Call) -> None:
+    """The generic kernels for one validated call (:mod:`flaggems.fronts.index_copy`).
 
-    ``out`` (``self``'s shape, freshly allocated) receives a copy of ``self``
-    with the indexed rows replaced.
+    Out of place, ``call.out`` receives a copy of ``call.self`` with the
+    indexed rows replaced.
     """
-    if self.dim() == 0 or source.dim() == 0:
-        self, source, dim = _as_rank1(self), _as_rank1(source), 0
-        out = None if out is None else _as_rank1(out)
-    if checks.enabled():
-        _check_range(index, self.shape[dim], dim)
-    index = _as_rank1(index)
+    self, dim, index, source, out = call.self, call.dim, call.index, call.source, call.out
     if source.numel() and out is not None and _by_search(self, dim, index, source, out):
         return
     if source.numel() and _by_inverse(self, dim, index, source, out):
@@ -262,32 +233,4 @@ def scatter_rows(self: torch.Tensor, dim: int, index: torch.Tensor, source: torc
         raise Decline("layout needs more than 2 outer or 2 inner dimensions")
 
 
-def _normalise_dim(dim: int, rank: int) -> int:
-    """``dim`` in ``[0, max(rank, 1))``; -1 when out of range (native raises torch's error)."""
-    wrap = max(rank, 1)
-    return dim + wrap if -wrap <= dim < 0 else (dim if 0 <= dim < wrap else -1)
-
-
-def index_copy_(self: torch.Tensor, dim: int, index: torch.Tensor, source: torch.Tensor) -> torch.Tensor:
-    """In place: ``self.index_copy_(dim, index, source)``."""
-    dim = _normalise_dim(dim, self.dim())
-    if dim < 0 or not _valid(self, dim, index, source):
-        raise Decline("invalid arguments: the native kernel raises torch's error")
-    strides = self.stride()  # ``0 in`` first: 0.12 against 0.55 µs for the loop alone (CI host)
-    if 0 in strides and any(st == 0 and n > 1 for n, st in zip(self.shape, strides)):
-        raise Decline("self overlaps itself: the native kernel raises torch's error")
-    if overlaps(self, source) or overlaps(self, index):
-        raise Decline("self shares memory with source or index: the native kernel raises torch's error")
-    scatter_rows(self, dim, index, source)
-    return self
-
-
-def index_copy(self: torch.Tensor, dim: int, index: torch.Tensor, source: torch.Tensor) -> torch.Tensor:
-    """Out of place: a contiguous copy of ``self`` (as torch allocates it) with the rows replaced."""
-    dim = _normalise_dim(dim, self.dim())
-    if dim < 0 or not _valid(self, dim, index, source):
-        raise Decline("invalid arguments: the native kernel raises torch's error")
-    # empty_like: 3.5 µs against 7.9 for torch.empty(shape, dtype=, device=) on the CI host
-    out = torch.empty_like(self, memory_format=torch.contiguous_format)
-    scatter_rows(self, dim, index, source, out)
-    return out
+index_copy_, index_copy = index_copy_front.entries(scatter_rows)
