@@ -831,13 +831,10 @@ def _sweep(module: object, names: tuple[str, ...], grid: tuple[tuple, ...], rese
 
 
 def probe_group_norm_sweep() -> None:
-    from flaggems.plugins.generic import group_norm as gn
+    """group_norm's launch policy (tuning key "group_norm") over tile x warps x programs per SM."""
+    import dataclasses
 
-    def reset() -> None:
-        gn._launcher.cache_clear()
-        gn._target_programs.cache_clear()
-        gn._FORWARD_PLANS.clear()
-        gn._BACKWARD_PLANS.clear()
+    from flaggems.toolkit import context
 
     def measure(label: str) -> None:
         for config in GN_CONFIGS:
@@ -845,7 +842,15 @@ def probe_group_norm_sweep() -> None:
             for part in ("fwd", "bwd"):
                 ours(f"gn sweep {label} {_gn_label(*config)} {part}", calls[part])
 
-    _sweep(gn, ("TILE", "NUM_WARPS", "PROGRAMS_PER_SM"), ((2048, 4096, 8192), (4, 8), (2, 4)), reset, measure)
+    saved = context.current()
+    try:
+        for tile, warps, per_sm in itertools.product((2048, 4096, 8192), (4, 8), (2, 4)):
+            values = {"tile": tile, "num_warps": warps, "programs_per_sm": per_sm}
+            context.install(dataclasses.replace(saved, tuning=lambda key, v=values: v if key == "group_norm" else {},
+                                                _facts={}))
+            measure(f"tile={tile} num_warps={warps} programs_per_sm={per_sm}")
+    finally:
+        context.install(saved)
 
 
 # --------------------------------------------------------------------------- index family

@@ -35,13 +35,18 @@ def set_kernel_context(monkeypatch, **changes) -> None:
 
     from flaggems.toolkit import context
 
-    monkeypatch.setattr(context, "_CURRENT", dataclasses.replace(context.current(), **changes, _facts={}))
+    changed = dataclasses.replace(context.current(), **changes, _facts={})
+    monkeypatch.setattr(context, "_CURRENT", context._CURRENT)  # restored after the test (then reset, below)
+    context.install(changed)
 
 
 @pytest.fixture(autouse=True)
 def _fresh_plans():
     """Every test plans its calls anew: tests change planner constants the compiled entry's keys cannot see."""
     RUNTIME.clear_plans()
+    from flaggems.toolkit import context
+
+    context.reset()  # and every cache derived from the kernel context (a test may have replaced it)
     yield
 
 

@@ -16,7 +16,7 @@ import textwrap
 import pytest
 import torch
 import torch.nn.functional as F  # noqa: N812 - the usual spelling
-from conftest import ran, run_compiled
+from conftest import ran, run_compiled, set_kernel_context
 
 import flaggems
 from flaggems import testing
@@ -140,8 +140,8 @@ def forced_split(monkeypatch):
     """Many programs wanted (K > 1 chunks), tiny tiles, a tiny int32 limit (the int64 variants run)."""
     monkeypatch.setitem(gn.DEFAULT_TARGET, DEV.type, 16)
     monkeypatch.setattr(gn, "INT32_LIMIT", 64)
-    monkeypatch.setattr(gn, "TILE", 16)
-    monkeypatch.setattr(gn, "PARAM_TILE", 8)  # dweight/dbias loop over samples one at a time
+    # tiny tiles; dweight/dbias loop over samples one at a time
+    set_kernel_context(monkeypatch, tuning=lambda key: {"tile": 16, "param_tile": 8} if key == "group_norm" else {})
     for cache in (gn._FORWARD_PLANS, gn._BACKWARD_PLANS):
         cache.clear()
     gn._target_programs.cache_clear()
@@ -174,7 +174,8 @@ def test_split_reduction_and_int64_offsets(forced_split, fmt):
                                   (True, True, False)])
 def test_finalize_folded_or_separate(monkeypatch, fuse, fmt, mask):
     """Both plans (step 2 as its own launch, or merged by every tile) on both layouts and every output mask."""
-    monkeypatch.setattr(gn, "FUSE_LIMIT", 1 << 30 if fuse else 0)
+    set_kernel_context(monkeypatch, tuning=lambda key: {"fuse_limit": 1 << 30 if fuse else 0}
+                       if key == "group_norm" else {})
     monkeypatch.setitem(gn.DEFAULT_TARGET, DEV.type, 16)  # on CPU several chunks (K > 1); a GPU uses its SM count
     monkeypatch.setattr(gn, "_FORWARD_PLANS", {})  # plans made under the patched constants only
     monkeypatch.setattr(gn, "_BACKWARD_PLANS", {})

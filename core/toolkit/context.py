@@ -132,6 +132,15 @@ def set_provider(provider: Callable[[], KernelContext] | None) -> None:
     reset()
 
 
+def install(ctx: KernelContext) -> None:
+    """Put ``ctx`` in force now (tests, benchmarks): caches derived from the context are dropped."""
+    global _CURRENT
+    with _LOCK:
+        _CURRENT = ctx
+    for listener in _LISTENERS:
+        listener()
+
+
 def on_reset(listener: Callable[[], None]) -> None:
     """Call ``listener`` at every :func:`reset` (modules that derive caches from the context)."""
     _LISTENERS.append(listener)

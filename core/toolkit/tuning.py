@@ -93,8 +93,62 @@ def unknown_fields(key: str, policy: type, values: Mapping[str, Any]) -> None:
             raise ValueError(f"tuning {key}: unknown field {name!r}{hint}")
 
 
+def _power_of_two(key: str, name: str, value: int) -> None:
+    if value < 1 or value & (value - 1):
+        raise ValueError(f"tuning {key}.{name}={value}: expected a power of two")
+
+
+@dataclass(frozen=True)
+class GroupNormPolicy:
+    """Tiles and grid of the group_norm reductions (``Tuning("group_norm", {...})``).
+
+    Attributes:
+        tile: elements per ``[BLOCK_C, BLOCK_S]`` tile of every kernel that walks the input.
+        num_warps: warps per program.
+        finalize_tile: partials per tile of the finalize kernels.
+        param_tile: partials per tile of the dweight/dbias sums.
+        param_min_channels: at least this many channels per dweight/dbias program.
+        max_chunks: at most this many spatial chunks per channel (bounds the workspace).
+        fuse_limit: the finalize step folds into the next launch when a tile merges at most this many
+            partials (0: never).
+        programs_per_sm: programs wanted per multiprocessor when groups are split over the device.
+    """
+
+    # A sweep of tile 2048/4096/8192 x 4/8 warps x 2/4 programs per SM moved the kernels by at most
+    # ~10% either way with no setting best on every shape (H200, RESULTS.md run 2): the defaults stay.
+    tile: int = 4096
+    num_warps: int = 8
+    finalize_tile: int = 1024
+    param_tile: int = 4096
+    param_min_channels: int = 4
+    max_chunks: int = 128
+    fuse_limit: int = 1024
+    programs_per_sm: int = 4
+
+    @classmethod
+    def from_values(cls, values: Mapping[str, Any]) -> GroupNormPolicy:
+        """Build a policy from a tuning mapping; raises ``ValueError`` on unknown fields or bad values."""
+        unknown_fields("group_norm", cls, values)
+        policy = cls(**{name: int(value) for name, value in values.items()})
+        for name in ("tile", "num_warps", "finalize_tile", "param_tile", "param_min_channels"):
+            _power_of_two("group_norm", name, getattr(policy, name))
+        for name, least in (("max_chunks", 1), ("programs_per_sm", 1), ("fuse_limit", 0)):
+            if getattr(policy, name) < least:
+                raise ValueError(f"tuning group_norm.{name}={getattr(policy, name)}: expected an integer >= {least}")
+        return policy
+
+
 #: Tuning key -> the launch policy its values configure (kernel families register theirs).
-POLICIES: dict[str, type] = {KEY: ElementwisePolicy}
+POLICIES: dict[str, type] = {KEY: ElementwisePolicy, "group_norm": GroupNormPolicy}
+_FAMILY_POLICIES: dict[str, Any] = {}
+
+
+def policy(key: str) -> Any:
+    """The active policy of kernel family ``key`` (from the context's tuning; cached until a reset)."""
+    found = _FAMILY_POLICIES.get(key)
+    if found is None:
+        found = _FAMILY_POLICIES[key] = POLICIES[key].from_values(context.current().tuning(key))
+    return found
 
 
 def register_policy(key: str, policy: type) -> None:
@@ -159,3 +213,4 @@ def reset_policy() -> None:
 
 
 context.on_reset(reset_policy)  # new context, new tuning
+context.on_reset(_FAMILY_POLICIES.clear)

@@ -27,7 +27,7 @@ the others sum ``dweight``/``dbias`` over ``N`` in order), ``_bwd_dx_kernel``.
 ``output_mask`` drops the work of every output not asked for.
 
 Step 2 folds into step 3 where a tile's groups merge from few partials
-(``FUSE_LIMIT``; every contiguous input): each normalize or dx tile merges
+(the policy's ``fuse_limit``; every contiguous input): each normalize or dx tile merges
 its own groups (the same fixed order, so the same bits in every tile) and
 the dx launch's extra programs sum ``dweight``/``dbias``. Two launches each
 way instead of three: forward+backward fp32 on 2x320x64x64 went from 0.64x
@@ -53,29 +53,19 @@ import triton
 import triton.language as tl
 
 from flaggems import Decline
-from flaggems.toolkit import FastLauncher, cdiv, collapse_dims, context, next_pow2
+from flaggems.toolkit import FastLauncher, cdiv, collapse_dims, context, next_pow2, tuning
 from flaggems.toolkit.jit_helpers import hint16 as _hint16
 from flaggems.toolkit.jit_helpers import index_type as _index
 
 FLOAT_DTYPES = frozenset({torch.float16, torch.bfloat16, torch.float32, torch.float64})
 HALF_DTYPES = frozenset({torch.float16, torch.bfloat16})
 
-#: Elements per ``[BLOCK_C, BLOCK_S]`` tile (every kernel that walks the input).
-TILE = 4096
-NUM_WARPS = 8
-#: Partials per tile of the finalize kernels.
-FINALIZE_TILE = 1024
-#: dweight/dbias: at least this many channels per program (programs spread over the device), partials per tile.
-PARAM_MIN_CHANNELS = 4
-PARAM_TILE = 4096
-#: At most this many spatial chunks per channel (bounds the workspace and step 2).
-MAX_CHUNKS = 128
-#: Step 2 is folded into step 3 (one launch less each way) when a tile's merge reads at most this many
-#: partials (``BLOCK_C x next_pow2(D * K)``): always for contiguous input, whose tiles hold one or a few
-#: channels; not for channels_last tiles, which span every group (each would re-merge them all).
-FUSE_LIMIT = 1024
-#: Programs wanted per streaming multiprocessor when splitting groups.
-PROGRAMS_PER_SM = 4
+# Tiles and grid (tile, num_warps, finalize_tile, param_tile, param_min_channels, max_chunks, fuse_limit,
+# programs_per_sm) are the typed launch policy ``flaggems.toolkit.tuning.GroupNormPolicy`` (tuning key
+# "group_norm"), read when a plan is built. ``fuse_limit``: step 2 is folded into step 3 (one launch less
+# each way) when a tile's merge reads at most that many partials (``BLOCK_C x next_pow2(D * K)``): always
+# for contiguous input, whose tiles hold one or a few channels; not for channels_last tiles, which span
+# every group (each would re-merge them all).
 #: Grid target where the device facts give no multiprocessor count (interpreter: small grids, split
 #: paths still used).
 DEFAULT_TARGET = {"cpu": 4}
@@ -492,7 +482,7 @@ def plan_layout(tensors: tuple[torch.Tensor, ...], N: int, C: int, HxW: int) -> 
         hinted += [sn, *([] if unit == CHANNEL_UNIT else [sc]), *([s0, s1] if spatial2 else
                                                                 ([] if unit == SPATIAL_UNIT else [s0]))]
     aligned = all(v % 16 == 0 for v in hinted)
-    return Layout(S0, spatial2, strides, units, channel_inner, reach + TILE >= INT32_LIMIT, aligned)
+    return Layout(S0, spatial2, strides, units, channel_inner, reach + _policy().tile >= INT32_LIMIT, aligned)
 
 
 def _unit(sc: int, s0: int, spatial2: bool, channel_inner: bool, HxW: int) -> int:
@@ -520,39 +510,49 @@ class Tiling:
 def _target_programs(device_type: str, index: int) -> int:
     units = context.current().facts(index).multiprocessors if device_type != "cpu" else None
     if units:
-        return PROGRAMS_PER_SM * units
+        return _policy().programs_per_sm * units
     return DEFAULT_TARGET.get(device_type, 512)
 
 
 def plan_tiling(N: int, C: int, HxW: int, channel_inner: bool, device: torch.device) -> Tiling:
     """Tile orientation from the input's unit stride; enough chunks to fill the device."""
+    tile = _policy().tile
     if channel_inner:
-        block_c = min(next_pow2(C), TILE)
-        block_s = min(max(TILE // block_c, 1), next_pow2(HxW))
+        block_c = min(next_pow2(C), tile)
+        block_s = min(max(tile // block_c, 1), next_pow2(HxW))
     else:
-        block_s = min(next_pow2(HxW), TILE)
-        block_c = min(max(TILE // block_s, 1), next_pow2(C))
+        block_s = min(next_pow2(HxW), tile)
+        block_c = min(max(tile // block_s, 1), next_pow2(C))
     cblocks, sblocks = cdiv(C, block_c), cdiv(HxW, block_s)
     wanted = cdiv(_target_programs(device.type, device.index or 0), N * cblocks)
-    K = max(1, min(wanted, sblocks, MAX_CHUNKS))
+    K = max(1, min(wanted, sblocks, _policy().max_chunks))
     chunk_tiles = cdiv(sblocks, K)
     return Tiling(block_c, block_s, cblocks, sblocks, cdiv(sblocks, chunk_tiles), chunk_tiles)
 
 
 def _fuses(tiling: Tiling, D: int) -> bool:
     """Whether step 2 folds into step 3: each tile merges its own groups' ``D x K`` partials."""
-    return tiling.block_c * next_pow2(D * tiling.K) <= FUSE_LIMIT
+    return tiling.block_c * next_pow2(D * tiling.K) <= _policy().fuse_limit
 
 
 def _group_blocks(groups: int, parts: int) -> tuple[int, int]:
     """``(BLOCK_G, BLOCK_J)`` of the finalize kernels: several small groups per program."""
-    block_j = min(next_pow2(parts), FINALIZE_TILE)
-    return max(min(next_pow2(groups), FINALIZE_TILE // block_j), 1), block_j
+    finalize_tile = _policy().finalize_tile
+    block_j = min(next_pow2(parts), finalize_tile)
+    return max(min(next_pow2(groups), finalize_tile // block_j), 1), block_j
+
+
+def _policy() -> tuning.GroupNormPolicy:
+    return tuning.policy("group_norm")
+
+
+def _launcher(kernel: Any, **constexprs: Any) -> FastLauncher:
+    return _cached_launcher(kernel, _policy().num_warps, **constexprs)
 
 
 @functools.cache
-def _launcher(kernel: Any, **constexprs: Any) -> FastLauncher:
-    return FastLauncher(kernel, constexprs, num_warps=NUM_WARPS)
+def _cached_launcher(kernel: Any, num_warps: int, **constexprs: Any) -> FastLauncher:
+    return FastLauncher(kernel, constexprs, num_warps=num_warps)
 
 
 def suggest_memory_format(t: torch.Tensor) -> torch.memory_format:
@@ -773,6 +773,10 @@ class BackwardPlan:
 
 
 _BACKWARD_PLANS: dict[tuple, BackwardPlan] = {}
+# Plans hold tiles and grids from the policy: a new context (new tuning) drops them.
+context.on_reset(_FORWARD_PLANS.clear)
+context.on_reset(_BACKWARD_PLANS.clear)
+context.on_reset(_target_programs.cache_clear)
 #: The dweight/dbias constexprs of a dx launch that computes neither.
 _NO_PARAMS = {"BLOCK_N": 1, "BLOCK_CF": 1, "BLOCK_K": 1, "HAS_DW": False, "HAS_DB": False}
 
@@ -810,8 +814,9 @@ def _backward_plan(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor | Non
     reduce = _launcher(_bwd_reduce_kernel, DY_UNIT=dy_unit, X_UNIT=x_unit, **tile, **common)
     block_k = next_pow2(K)
     spread = next_pow2(cdiv(C, _target_programs(x.device.type, x.device.index or 0)))
-    block_cf = max(min(max(spread, PARAM_MIN_CHANNELS), FINALIZE_TILE // block_k, next_pow2(C)), 1)
-    params = {"BLOCK_N": max(min(next_pow2(N), PARAM_TILE // (block_k * block_cf)), 1), "BLOCK_CF": block_cf,
+    policy = _policy()
+    block_cf = max(min(max(spread, policy.param_min_channels), policy.finalize_tile // block_k, next_pow2(C)), 1)
+    params = {"BLOCK_N": max(min(next_pow2(N), policy.param_tile // (block_k * block_cf)), 1), "BLOCK_CF": block_cf,
               "BLOCK_K": block_k, "HAS_DW": mask[1], "HAS_DB": mask[2]}
     param_programs = cdiv(C, block_cf) if mask[1] or mask[2] else 0
     fused = mask[0] and _fuses(tiling, D)
