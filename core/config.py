@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import difflib
 import os
-import warnings
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
+
+from . import userwarn
 
 TRUE_WORDS = frozenset({"1", "true", "yes", "on"})
 FALSE_WORDS = frozenset({"0", "false", "no", "off", ""})
@@ -175,14 +176,14 @@ def warn_unknown(environ: Mapping[str, str] | None = None) -> None:
     env = os.environ if environ is None else environ
     for habit, ours in HABITS.items():
         if habit in env:
-            warnings.warn(f"{habit}={env[habit]} is FlagGems' variable and is ignored here; "
-                          f"set {ours}={env[habit]} instead", RuntimeWarning, stacklevel=3)
+            userwarn.warn(f"{habit}={env[habit]} is FlagGems' variable and is ignored here; "
+                          f"set {ours}={env[habit]} instead")
     for name in unknown_names(environ):
         if name in HABITS:
             continue
         close = difflib.get_close_matches(name, sorted(REGISTRY), n=2)
         hint = f"did you mean {', '.join(close)}?" if close else f"known: {', '.join(sorted(REGISTRY))}"
-        warnings.warn(f"unknown environment variable {name} is ignored; {hint}", RuntimeWarning, stacklevel=3)
+        userwarn.warn(f"unknown environment variable {name} is ignored; {hint}")
 
 
 def markdown_table() -> str:

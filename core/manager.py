@@ -11,14 +11,13 @@ from __future__ import annotations
 import difflib
 import importlib.metadata
 import threading
-import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 import pluggy
 
-from . import config, hookspecs, log
+from . import config, hookspecs, log, userwarn
 
 ENTRY_POINT_GROUP = "flaggems.plugins"
 
@@ -106,8 +105,8 @@ class PluginManager:
         for name in sorted((allow | deny) - found - {DEFAULT_PLUGIN}):
             close = difflib.get_close_matches(name, sorted(found), n=2)
             hint = f"; did you mean {', '.join(close)}?" if close else f"; installed: {', '.join(sorted(found))}"
-            warnings.warn(f"flaggems: FLAGGEMS_PLUGINS/FLAGGEMS_DISABLE_PLUGINS name {name!r}, which is not an "
-                          f"installed plugin{hint}", RuntimeWarning, stacklevel=2)
+            userwarn.warn(f"flaggems: FLAGGEMS_PLUGINS/FLAGGEMS_DISABLE_PLUGINS name {name!r}, which is not an "
+                          f"installed plugin{hint}")
 
     def _load_entry_point(self, ep: importlib.metadata.EntryPoint) -> None:
         try:
@@ -161,7 +160,7 @@ class PluginManager:
         self._plog.info(message)
         if config.get("FLAGGEMS_STRICT"):
             raise PluginError(message)
-        warnings.warn(message, RuntimeWarning, stacklevel=4)
+        userwarn.warn(message)
 
     # -- calling hooks -----------------------------------------------------
     def call_each(self, hook_name: str, **kwargs: Any) -> Iterator[tuple[str, Any]]:

@@ -19,11 +19,10 @@ from __future__ import annotations
 
 import difflib
 import sys
-import warnings
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from . import config
+from . import config, userwarn
 from .backends import ActiveBackend
 from .types import OpImpl
 
@@ -208,7 +207,7 @@ def resolve(impls: Iterable[tuple[str, OpImpl]], active: ActiveBackend, override
         if notes and strict:
             raise PolicyError(f"{op}: " + "; ".join(notes))
         for note in notes:
-            warnings.warn(f"flaggems: {op}: {note}", RuntimeWarning, stacklevel=3)
+            userwarn.warn(f"flaggems: {op}: {note}")
         routes[op] = _route_for(op, links, active, overrides, notes, strict)
     implemented = set(routes)
     for op in sorted((overrides.include or frozenset()) - routes.keys()):
@@ -228,8 +227,7 @@ def _warn_unknown_ops(overrides: Overrides, implemented: set[str]) -> None:
             continue
         close = difflib.get_close_matches(op, sorted(implemented), n=3)
         hint = f"; did you mean {', '.join(close)}?" if close else ""
-        warnings.warn(f"flaggems: {source} names {op!r}, which no installed plugin implements{hint}",
-                      RuntimeWarning, stacklevel=4)
+        userwarn.warn(f"flaggems: {source} names {op!r}, which no installed plugin implements{hint}")
 
 
 def _route_for(op: str, links: list[Link], active: ActiveBackend, overrides: Overrides,
@@ -246,7 +244,7 @@ def _route_for(op: str, links: list[Link], active: ActiveBackend, overrides: Ove
                    f"(have: {', '.join(link.label for link in links)}); using the default chain")
         if strict:
             raise PolicyError(message)
-        warnings.warn(f"flaggems: {message}", RuntimeWarning, stacklevel=4)
+        userwarn.warn(f"flaggems: {message}")
         return Route(op, tuple(links), "default", _default_reason(links), tuple(links), (*notes, message))
     reason = "native kernel only" if not picked else f"restricted to {value}"
     return Route(op, picked, source, reason, tuple(links), tuple(notes))

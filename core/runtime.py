@@ -8,11 +8,10 @@ from __future__ import annotations
 
 import dataclasses
 import threading
-import warnings
 from collections.abc import Iterable
 from typing import Any
 
-from . import backends, compiled, config, log, policy
+from . import backends, compiled, config, log, policy, userwarn
 from .backends import ActiveBackend
 from .binding import Binding
 from .manager import PluginError, PluginManager, fill_distributions
@@ -49,7 +48,7 @@ def _importable(routes: dict[str, policy.Route]) -> dict[str, policy.Route]:
                            f"({type(exc).__name__}: {exc}); it is disabled, the rest of the chain serves {op}")
                 if config.get("FLAGGEMS_STRICT"):
                     raise RuntimeError(message) from exc
-                warnings.warn(message, RuntimeWarning, stacklevel=3)
+                userwarn.warn(message)
                 notes.append(f"{link.label} disabled: {type(exc).__name__}: {exc}")
                 continue
             kept.append(link)
@@ -105,7 +104,7 @@ class Runtime:
                 message = f"flaggems: {self._who(plugin)}: flaggems_env_vars {problem}; it is ignored"
                 if config.get("FLAGGEMS_STRICT"):
                     raise PluginError(message)
-                warnings.warn(message, RuntimeWarning, stacklevel=2)
+                userwarn.warn(message)
 
     def vendor_backends(self) -> list[Backend]:
         """Backends declared by the loaded plugins (two with one name are an error naming both plugins)."""
@@ -115,7 +114,7 @@ class Runtime:
             try:
                 records = _as_records(result, Backend, plugin, "flaggems_backends")
             except TypeError as exc:
-                warnings.warn(f"flaggems: {exc}", RuntimeWarning, stacklevel=2)
+                userwarn.warn(f"flaggems: {exc}")
                 continue
             for backend in records:
                 if backend.name in self._backend_owner or backend.name in BUILTIN_NAMES:
@@ -191,7 +190,7 @@ class Runtime:
             try:
                 records = _as_records(result, OpImpl, plugin, "flaggems_operators")
             except TypeError as exc:
-                warnings.warn(f"flaggems: {exc}", RuntimeWarning, stacklevel=2)
+                userwarn.warn(f"flaggems: {exc}")
                 continue
             for impl in records:
                 if plugin in vendor_plugins and impl.vendor is None:
@@ -199,7 +198,7 @@ class Runtime:
                                f"implementation must name its vendor (OpImpl(..., vendor=...)); it is ignored")
                     if config.get("FLAGGEMS_STRICT"):
                         raise PluginError(message)
-                    warnings.warn(message, RuntimeWarning, stacklevel=2)
+                    userwarn.warn(message)
                     continue
                 impls.append((plugin, impl))
         return impls

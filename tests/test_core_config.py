@@ -112,3 +112,26 @@ def test_env_shows_current_values(capsys, monkeypatch):
     assert cli.main(["env"]) == 0
     out = capsys.readouterr().out
     assert "FLAGGEMS_STRICT (bool, default False) = '1'" in out and "FLAGGEMS_OP_copy_=native" in out
+
+
+def test_warnings_point_at_the_users_line(tmp_path):
+    """An unknown variable warns at ``import flaggems`` in the user's file, not inside flaggems."""
+    import os
+
+    script = tmp_path / "app.py"
+    script.write_text("import flaggems  # line 1\n")
+    env = {**os.environ, "FLAGGEMS_BOGUS": "1"}
+    done = subprocess.run([sys.executable, "-W", "always", str(script)], capture_output=True, text=True, env=env,
+                          timeout=120)
+    lines = [line for line in done.stderr.splitlines() if "FLAGGEMS_BOGUS" in line]
+    assert lines and lines[0].startswith(f"{script}:1: RuntimeWarning"), done.stderr
+
+
+def test_a_warning_at_enable_points_at_the_caller(runtime):
+    from flaggems_fakes.plugins import GenericNeg
+
+    runtime.manager.register(GenericNeg(), "fake-generic")
+    with pytest.warns(RuntimeWarning, match="abss") as record:
+        flaggems.enable(include=["abss"])
+    flaggems.disable()
+    assert record[0].filename == __file__
