@@ -317,3 +317,23 @@ def test_beyond_2_31_elements_on_the_gpu():
         dx = A.native_group_norm_backward(dy, x, mean, rstd, None, N, C, S, 2, [True, False, False])[0]
     for part in (slice(0, 4096), slice(S - 4096, S)):
         torch.testing.assert_close(dx[:, :, part], native_dx[:, :, part], rtol=2e-3, atol=2e-3)
+
+
+def test_strided_weight_backward_matches_an_independent_float64_reference():
+    """``w = randn(3C)[::3]``: ours equals a float64 composite (mean/var/affine by hand) to 1e-12. torch's CUDA
+    ``native_group_norm_backward`` differs there by ~1e-4 (H200, torch 2.11): it reads the weight as dense."""
+    torch.manual_seed(0)
+    N, C, H, W, G = 2, 112, 3, 4, 4
+    x = torch.randn(N, C, H, W, dtype=torch.float64, device=DEV, requires_grad=True)
+    w = torch.randn(3 * C, dtype=torch.float64, device=DEV)[::3].detach().requires_grad_()
+    b = torch.randn(C, dtype=torch.float64, device=DEV, requires_grad=True)
+    dy = torch.randn(N, C, H, W, dtype=torch.float64, device=DEV)
+    with native_scope():
+        xg = x.reshape(N, G, -1)
+        mu, var = xg.mean(-1, keepdim=True), xg.var(-1, unbiased=False, keepdim=True)
+        y = ((xg - mu) / torch.sqrt(var + 1e-5)).reshape(N, C, H, W) * w[:, None, None] + b[:, None, None]
+        expected = torch.autograd.grad(y, (x, w, b), dy)
+    _, mean, rstd = gn.native_group_norm(x.detach(), w.detach(), b.detach(), N, C, H * W, G, 1e-5)
+    actual = gn.native_group_norm_backward(dy, x.detach(), mean, rstd, w.detach(), N, C, H * W, G, [True] * 3)
+    for a, e in zip(actual, expected, strict=True):
+        torch.testing.assert_close(a, e, rtol=1e-12, atol=1e-12)
