@@ -18,7 +18,7 @@ import contextlib
 import functools
 import os
 import threading
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import Any
@@ -153,23 +153,3 @@ def reset() -> None:
         _CURRENT = None
     for listener in _LISTENERS:
         listener()
-
-
-@contextlib.contextmanager
-def override(**changes: Any) -> Iterator[KernelContext]:
-    """Run the block with some fields of the context replaced (tests, benchmarks)."""
-    global _CURRENT
-    import dataclasses
-
-    saved = current()
-    with _LOCK:
-        _CURRENT = dataclasses.replace(saved, **changes, _facts={})
-    for listener in _LISTENERS:
-        listener()
-    try:
-        yield _CURRENT
-    finally:
-        with _LOCK:
-            _CURRENT = saved
-        for listener in _LISTENERS:
-            listener()
