@@ -17,8 +17,12 @@ and answers one of:
   over its inputs and fresh allocations only;
 * ``("native",)``: every implementation declined from metadata alone (no data
   was read), so the native kernel serves this key from now on;
+* ``("autograd", forward, ...)``: the call was served by
+  :func:`flaggems.autograd.apply`: the forward's launches replay under a C++
+  autograd node whose backward is planned and replayed as its own entry;
 * ``("python",)``: the call needs the Python path every time (a host sync, a
-  persistent workspace, autograd, work outside the recorded launches);
+  persistent workspace, a graph recorded otherwise, work outside the recorded
+  launches);
 * ``None``: nothing is cached (the call raised, or could not be watched).
 
 The plan is only as good as the key: everything an implementation decides
@@ -35,7 +39,7 @@ from typing import Any
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from . import binding
+from . import autograd, binding
 from .toolkit import recording as rec_mod
 
 binding._RECORDERS = rec_mod.RECORDERS
@@ -76,32 +80,41 @@ class _Watch(TorchDispatchMode):
         return out
 
 
-def _tensors(result: Any) -> tuple[torch.Tensor, ...] | None:
+def _tensors(result: Any) -> tuple[torch.Tensor | None, ...] | None:
+    """The call's results as a tuple; ``None`` entries are undefined tensors (a gradient not asked for)."""
     if isinstance(result, torch.Tensor):
         return (result,)
-    if isinstance(result, (tuple, list)) and all(isinstance(t, torch.Tensor) for t in result):
+    if isinstance(result, (tuple, list)) and any(isinstance(t, torch.Tensor) for t in result) and all(
+            t is None or isinstance(t, torch.Tensor) for t in result):
         return tuple(result)
     return None
 
 
-def _needs_grad(inputs: Sequence[torch.Tensor], outputs: Sequence[torch.Tensor]) -> bool:
+def _needs_grad(inputs: Sequence[torch.Tensor], outputs: Sequence[torch.Tensor | None]) -> bool:
     return (torch.is_grad_enabled() and any(t.requires_grad for t in inputs)) or any(
-        t.requires_grad for t in outputs)
+        t is not None and t.requires_grad for t in outputs)
 
 
-def replay_spec(recording: rec_mod.Recording, result: Any) -> tuple:
-    """The plan for a served call: a replay, or the Python path when the recording cannot be replayed."""
+def replay_spec(recording: rec_mod.Recording, result: Any, *, graph_free: bool = True) -> tuple:
+    """The plan for a served call: a replay, or the Python path when the recording cannot be replayed.
+
+    ``graph_free``: a call that needs a graph is not replayed (an autograd
+    plan's forward, whose node the entry records, passes ``False``).
+    """
     outputs = _tensors(result)
-    if outputs is None or recording.taint is not None or _needs_grad(recording.inputs, outputs):
+    if outputs is None or recording.taint is not None or (graph_free and _needs_grad(recording.inputs, outputs)):
         return PYTHON_PLAN
     device = recording.inputs[0].device if recording.inputs else None
     returns = []
     for out in outputs:
+        if out is None:
+            returns.append(None)
+            continue
         view = recording.view(out)
         if view is None:
             return PYTHON_PLAN
         returns.append(view)
-    kept = {out.untyped_storage().data_ptr() for out in outputs}
+    kept = {out.untyped_storage().data_ptr() for out in outputs if out is not None}
     for alloc in recording.allocations:
         if alloc.device != device:
             return PYTHON_PLAN
@@ -122,10 +135,14 @@ def build_planner(chain: Sequence[Any], native: Callable[..., Any],
     def planner(args: tuple, kwargs: dict, inputs: tuple) -> tuple[Any, Any]:
         if goes_native(args):
             return native(*args, **kwargs), NATIVE_PLAN
-        with rec_mod.recording(inputs) as recording, _Watch(recording):
+        with rec_mod.recording(inputs) as recording, _Watch(recording), autograd.planning() as planned:
             result, served = _run_chain(chain, args, kwargs)
         if served is not None:
-            return result, replay_spec(recording, result) if served.replayable else PYTHON_PLAN
+            if not served.replayable:
+                return result, PYTHON_PLAN
+            if planned.notes:
+                return result, autograd_spec(recording, planned.notes, result)
+            return result, replay_spec(recording, result)
         if recording.steps:
             return native(*args, **kwargs), None  # a link launched, then declined: do not trust this key
         if recording.taint is None and all(link.replayable for link in chain):
@@ -133,6 +150,70 @@ def build_planner(chain: Sequence[Any], native: Callable[..., Any],
         return native(*args, **kwargs), PYTHON_PLAN
 
     return planner
+
+
+def _input_index(recording: rec_mod.Recording, tensor: torch.Tensor) -> int | None:
+    for index, candidate in enumerate(recording.inputs):
+        if candidate is tensor:
+            return index
+    return None
+
+
+def autograd_spec(recording: rec_mod.Recording, notes: Sequence[autograd.Note], result: Any) -> tuple:
+    """The plan of a call served by one :func:`flaggems.autograd.apply` (else the Python path)."""
+    if len(notes) != 1:
+        return PYTHON_PLAN
+    note = notes[0]
+    outputs = _tensors(result)
+    if outputs is None or len(outputs) != note.outputs or any(
+            o is not r for o, r in zip(outputs, note.results)):
+        return PYTHON_PLAN  # the front returned something else than the node's outputs
+    forward = replay_spec(recording, note.results, graph_free=False)
+    if forward[0] != "replay":
+        return PYTHON_PLAN
+    slots = []
+    for tensor in note.differentiable:
+        index = -1 if tensor is None else _input_index(recording, tensor)
+        if index is None:
+            return PYTHON_PLAN
+        slots.append(index)
+    saved = []
+    for tensor in note.saved:
+        index = _input_index(recording, tensor)
+        if index is not None:
+            saved.append((rec_mod.INPUT, index))
+            continue
+        found = [j for j, r in enumerate(note.results) if r is tensor]
+        if not found:
+            return PYTHON_PLAN  # a tensor neither input nor result: the replay cannot rebuild it
+        saved.append((rec_mod.ALLOCATION, found[0]))
+    derivative = note.derivative
+    entry, planner = backward_entry(derivative)
+    return ("autograd", forward, note.outputs, tuple(slots), tuple(saved),
+            (derivative.name, f"{derivative.name}{derivative.schema}", entry, planner), note.args,
+            derivative.double_backward, note.extra)
+
+
+class _BackwardLink:
+    """A derivative's backward as a planner chain of one link (it never declines)."""
+
+    replayable = True
+    supports = None
+
+    def __init__(self, fn: Callable[..., Any]) -> None:
+        self.fn = fn
+
+
+def backward_entry(derivative: autograd.Derivative) -> tuple[Callable[..., Any], Callable[..., Any]]:
+    """``(entry, planner)`` of a derivative's backward op, made once per derivative."""
+    made = _BACKWARDS.get(derivative)
+    if made is None:
+        made = _BACKWARDS[derivative] = (derivative.backward, build_planner(
+            (_BackwardLink(derivative.backward),), derivative.backward, lambda args: False))
+    return made
+
+
+_BACKWARDS: dict[autograd.Derivative, tuple[Callable[..., Any], Callable[..., Any]]] = {}
 
 
 def _run_chain(chain: Sequence[Any], args: tuple, kwargs: dict) -> tuple[Any, Any]:

@@ -270,6 +270,97 @@ def test_autograd_key_keeps_calls_that_need_a_graph_on_python():
         assert stats["replay"] >= 1
 
 
+def _strided_gn_call(x, w, b, dy, create_graph=False):
+    """group_norm of a sliced view (torch's composite would copy it: our node serves) and its gradients."""
+    y = torch.nn.functional.group_norm(x[..., 1:6], 3, w, b)
+    wanted = [t for t in (x, w, b) if t is not None and t.requires_grad]
+    return y, torch.autograd.grad(y, wanted, dy, create_graph=create_graph)
+
+
+def _gn_leaves(weight_grad=True):
+    torch.manual_seed(3)
+    x = torch.randn(2, 6, 4, 7, device=dev()).requires_grad_()
+    w = torch.randn(6, device=dev()).requires_grad_(weight_grad)
+    b = torch.randn(6, device=dev()).requires_grad_(weight_grad)
+    return x, w, b, torch.randn(2, 6, 4, 5, device=dev())
+
+
+def _registry_or_skip():
+    from flaggems.runtime import RUNTIME
+
+    if RUNTIME._binding.registry is None:
+        pytest.skip("compiled entry not active")
+    return RUNTIME
+
+
+@pytest.mark.parametrize("weight_grad", [True, False])
+def test_a_differentiable_call_replays_forward_and_backward_under_a_cpp_node(weight_grad):
+    """After the first call (our Python node), group_norm's node is C++: the forward replays, and the
+    backward op plans on its first call and replays on the next; values equal torch's."""
+    x, w, b, dy = _gn_leaves(weight_grad)
+    with binding.native_scope():
+        expected_y, expected = _strided_gn_call(x, w, b, dy)
+    with flaggems.enabled():
+        runtime = _registry_or_skip()
+        names = []
+        for _ in range(3):
+            y, grads = _strided_gn_call(x, w, b, dy)
+            names.append(y.grad_fn.name())
+            assert torch.allclose(y, expected_y, rtol=1e-5, atol=1e-5)
+            for actual, want in zip(grads, expected, strict=True):
+                assert torch.allclose(actual, want, rtol=1e-4, atol=1e-5)
+        stats = runtime.plan_stats()
+        key = runtime.active_backend().dispatch_key
+    assert names[0] == "FlaggemsFunctionBackward" and all("CppNode" in n and "FlaggemsFunction" in n
+                                                         for n in names[1:]), names
+    forward = stats[f"aten::group_norm@Autograd{key}"]
+    backward = stats["flaggems::group_norm_backward@backward"]
+    assert forward["miss"] == 1 and forward["replay"] == 2 and forward["python"] == 0
+    assert backward["miss"] == 1 and backward["replay"] == 1 and backward["python"] == 0, backward
+
+
+def test_the_cpp_node_under_create_graph_is_differentiable_again():
+    x, w, b, dy = _gn_leaves()
+
+    def penalty():
+        _, (dx, dw, _) = _strided_gn_call(x, w, b, dy, create_graph=True)
+        return torch.autograd.grad((dx * dx).sum() + (dw * dw).sum(), (x, w))
+
+    with binding.native_scope():
+        expected = penalty()
+    with flaggems.enabled():
+        _registry_or_skip()
+        for _ in range(2):
+            actual = penalty()
+    for a, e in zip(actual, expected, strict=True):
+        assert torch.allclose(a, e, rtol=1e-4, atol=1e-5)
+
+
+def test_the_cpp_node_checks_saved_versions_and_outlives_disable():
+    """An input modified in place after the forward: torch's error at backward. A graph recorded before
+    ``disable()`` still runs its backward after it."""
+    x, w, b, dy = _gn_leaves()
+    with flaggems.enabled():
+        _registry_or_skip()
+        for _ in range(2):
+            leaf = x.detach().clone().requires_grad_()
+            base = leaf * 1  # a non-leaf the call saves (a view of it)
+            y = torch.nn.functional.group_norm(base[..., 1:6], 3, w, b)
+        assert "CppNode" in y.grad_fn.name()
+        with torch.no_grad():
+            base.add_(1)
+        with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+            torch.autograd.grad(y, (leaf,), dy)
+        y, _ = _strided_gn_call(x, w, b, dy)
+        y2 = torch.nn.functional.group_norm(x[..., 1:6], 3, w, b)
+    assert "CppNode" in y2.grad_fn.name()
+    with binding.native_scope():
+        _, expected = _strided_gn_call(x, w, b, dy)
+    late = torch.autograd.grad(y2, (x, w, b), dy)
+    for a, e in zip(late, expected, strict=True):
+        assert torch.allclose(a, e, rtol=1e-4, atol=1e-5)
+
+
 def test_a_plan_built_with_meta_tensors_on_the_first_call_still_replays():
     """group_norm's Python plan is shaped with meta tensors on a new layout's first call: not device work."""
     x = torch.randn(2, 10, 3, 5, device=dev())

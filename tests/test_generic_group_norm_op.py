@@ -14,7 +14,7 @@ from conftest import ran
 from torch.autograd import forward_ad
 
 import flaggems
-from flaggems import testing
+from flaggems import autograd, testing
 from flaggems.binding import native_scope
 from flaggems.plugins.generic import group_norm as gn
 from flaggems.plugins.generic import group_norm_op
@@ -166,7 +166,7 @@ def test_gradients_match_torch(dispatch_log, spy, shape, groups, dtype, fmt, wei
     x, w, b = make(shape, dtype, fmt, weight, bias, grad=True)
     dy = torch.randn(shape, device=DEV, dtype=dtype)
     y = F.group_norm(x, groups, w, b)
-    assert type(y.grad_fn).__name__ == "GroupNormFunctionBackward"
+    assert autograd.is_node(y.grad_fn)
     grads = torch.autograd.grad(y, wanted(x, w, b), dy)
     expected_y, expected_grads = torch_result(x, groups, w, b, dy)
     assert ROUTED in ran(dispatch_log) and len(spy["bwd"]) == 1
@@ -248,7 +248,7 @@ def test_double_backward_matches_torch(dispatch_log, spy):
     actual = penalty()
     with native_scope():
         expected = penalty()
-    assert type(actual[0].grad_fn).__name__ != "GroupNormFunctionBackward" and spy["fwd"]
+    assert not autograd.is_node(actual[0].grad_fn) and spy["fwd"]
     for a, e in zip(actual, expected):
         assert_close(a, e, BACKWARD_ULPS[F64])
 
@@ -355,7 +355,7 @@ def test_gradient_calls_without_a_copy_go_through_torchs_composite_onto_our_kern
     dy = torch.randn(2, 6, 3, 4, device=DEV)
     assert not group_norm_op.in_place_grad(x)
     y = F.group_norm(x, 3, w, b)
-    assert type(y.grad_fn).__name__ != "GroupNormFunctionBackward"
+    assert not autograd.is_node(y.grad_fn)
     grads = torch.autograd.grad(y, (x, w, b), dy)
     expected_y, expected_grads = torch_result(x, 3, w, b, dy)
     served = ran(dispatch_log)

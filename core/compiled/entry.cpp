@@ -8,7 +8,9 @@
 //           (CUDA driver API, loaded at run time; or a recorded Python launcher)
 //   native  the captured native kernel (the planner declined for this key)
 //   python  the Python entry (the call needs the host: a sync, a persistent
-//           workspace, autograd, ...)
+//           workspace, ...)
+//   autograd a replayed forward under a C++ autograd node whose backward is
+//           another keyed entry (a schema-only backward op with its own plans)
 // A miss calls the planner, which runs the call through the Python entry and
 // may return a plan. No op semantics live here: the planner decides them all.
 
@@ -22,6 +24,8 @@
 #include <torch/csrc/Exceptions.h>
 #include <torch/csrc/autograd/python_variable.h>
 #include <torch/csrc/autograd/variable.h>
+#include <torch/csrc/autograd/custom_function.h>
+#include <torch/csrc/jit/frontend/function_schema_parser.h>
 #include <torch/csrc/DynamicTypes.h>
 #include <torch/csrc/jit/python/pybind_utils.h>
 #include <torch/csrc/utils/tensor_memoryformats.h>
@@ -108,7 +112,7 @@ Driver& driver() {
 }
 
 // ---------------------------------------------------------------- plans
-enum class PlanKind { kReplay = 0, kNative = 1, kPython = 2 };
+enum class PlanKind { kReplay = 0, kNative = 1, kPython = 2, kAutograd = 3 };
 enum class Source { kInput = 0, kAlloc = 1 };
 
 // One parameter of a driver launch: a pointer into an input or allocation, a
@@ -166,11 +170,14 @@ struct AllocSpec {
   at::ScalarType dtype;
 };
 
+struct AutogradSpec;
+
 struct Plan {
   PlanKind kind = PlanKind::kPython;
   std::vector<AllocSpec> allocs;
   std::vector<Step> steps;
-  std::vector<ViewSpec> returns;
+  std::vector<ViewSpec> returns;  // index -1: an undefined tensor (a gradient not asked for)
+  std::shared_ptr<const AutogradSpec> autograd;
 };
 
 // ---------------------------------------------------------------- keys
@@ -186,7 +193,7 @@ struct KeyHash {
 
 enum Tag : int64_t {
   kTagNone = 1, kTagTensor, kTagUndefined, kTagInt, kTagDouble, kTagBool, kTagIntList, kTagString,
-  kTagDevice, kTagTensorList, kTagGrad,
+  kTagDevice, kTagTensorList, kTagGrad, kTagBoolList,
 };
 
 // Appends one tensor's key terms; false for a tensor the plans cannot describe.
@@ -257,6 +264,11 @@ bool add_ivalue(std::vector<int64_t>& key, const c10::IValue& v, std::vector<at:
     const auto list = v.toIntVector();
     key.push_back(static_cast<int64_t>(list.size()));
     key.insert(key.end(), list.begin(), list.end());
+  } else if (v.isBoolList()) {
+    key.push_back(kTagBoolList);
+    const auto list = v.toBoolList();
+    key.push_back(static_cast<int64_t>(list.size()));
+    for (size_t i = 0; i < list.size(); ++i) key.push_back(list.get(i));
   } else if (v.isString()) {
     key.push_back(kTagString);
     key.push_back(static_cast<int64_t>(std::hash<std::string>()(v.toStringRef())));
@@ -305,10 +317,20 @@ struct PhaseClock {
 
 thread_local int native_depth = 0;
 
+struct OpState;
+
+// The backward ops of one registry, by name: schema-only entries (never registered with the
+// dispatcher) that autograd plans call from their nodes.
+struct BackwardOps {
+  std::mutex lock;
+  std::unordered_map<std::string, std::shared_ptr<OpState>> ops;
+};
+
 struct OpState {
   std::string name;
-  c10::OperatorHandle op;
-  c10::SafeKernelFunction native;
+  std::optional<c10::OperatorHandle> op;  // absent for a backward op
+  c10::FunctionSchema schema;
+  std::optional<c10::SafeKernelFunction> native;
   c10::DispatchKeySet native_keys;
   py::object entry;    // the Python entry (binding.build_entry)
   py::object planner;  // (args, kwargs, inputs) -> (result, spec or None)
@@ -317,11 +339,18 @@ struct OpState {
   std::shared_mutex lock;
   std::unordered_map<std::vector<int64_t>, std::shared_ptr<const Plan>, KeyHash> plans;
   Stats stats;
+  std::shared_ptr<BackwardOps> backwards;
 
   OpState(std::string n, c10::OperatorHandle h, c10::SafeKernelFunction k, c10::DispatchKey key, py::object e,
-          py::object p, bool grad, size_t cap)
-      : name(std::move(n)), op(std::move(h)), native(std::move(k)), native_keys(key), entry(std::move(e)),
-        planner(std::move(p)), grad_sensitive(grad), capacity(cap) {}
+          py::object p, bool grad, size_t cap, std::shared_ptr<BackwardOps> b)
+      : name(std::move(n)), op(h), schema(h.schema()), native(std::move(k)), native_keys(key), entry(std::move(e)),
+        planner(std::move(p)), grad_sensitive(grad), capacity(cap), backwards(std::move(b)) {}
+
+  // A backward op: only a schema; its "native" is its Python entry.
+  OpState(std::string n, c10::FunctionSchema s, py::object e, py::object p, size_t cap,
+          std::shared_ptr<BackwardOps> b)
+      : name(std::move(n)), schema(std::move(s)), entry(std::move(e)), planner(std::move(p)), grad_sensitive(false),
+        capacity(cap), backwards(std::move(b)) {}
 
   ~OpState() {
     py::gil_scoped_acquire gil;
@@ -345,6 +374,34 @@ bool is_busy(const OpState* s) {
   return false;
 }
 
+// One argument of a backward call: an incoming gradient, a saved tensor, a constant, or the
+// per-slot "needs a gradient" flags.
+struct ArgItem {
+  enum Kind : uint8_t { kGrad, kSaved, kConst, kNeeds } kind;
+  int32_t index;
+  c10::IValue value;
+};
+
+// A differentiable call served in C++: the forward replays ``forward`` (its returns: the op's
+// outputs, then tensors saved only for the backward) under a torch::autograd::Function node whose
+// backward calls ``backward`` (a keyed entry of its own) with ``args``.
+struct AutogradSpec {
+  std::shared_ptr<const Plan> forward;
+  size_t num_outputs = 0;
+  std::vector<int32_t> slots;                        // per differentiable slot: index of the call's input, -1 absent
+  std::vector<std::pair<Source, int32_t>> saved;     // an input, or (kAlloc) a forward return
+  std::shared_ptr<OpState> backward;
+  std::vector<ArgItem> args;
+  py::object double_backward;                        // called with args + extra under create_graph
+  std::vector<ArgItem> extra;
+  ~AutogradSpec() {
+    py::gil_scoped_acquire gil;
+    double_backward = py::object();
+    args.clear();
+    extra.clear();
+  }
+};
+
 [[noreturn]] void rethrow_python(py::error_already_set& e) {
   e.restore();
   python_error err;
@@ -354,6 +411,7 @@ bool is_busy(const OpState* s) {
 
 // ---------------------------------------------------------------- replay
 at::Tensor view_of(const ViewSpec& v, const std::vector<at::Tensor>& inputs, const std::vector<at::Tensor>& allocs) {
+  if (v.index < 0) return at::Tensor();
   const at::Tensor& base = v.source == Source::kInput ? inputs[v.index] : allocs[v.index];
   if (v.as_is) return base;
   return base.as_strided(v.sizes, v.strides, v.offset);
@@ -465,8 +523,8 @@ at::Tensor allocate(const AllocSpec& a, const at::Device& device) {
   return at::empty_strided(a.sizes, a.strides, at::TensorOptions().dtype(a.dtype).device(device));
 }
 
-void replay(const Plan& plan, const std::vector<at::Tensor>& inputs, torch::jit::Stack* stack, size_t num_args,
-            PhaseClock& clock, Stats& stats) {
+std::vector<at::Tensor> run_plan(const Plan& plan, const std::vector<at::Tensor>& inputs, PhaseClock& clock,
+                                 Stats& stats) {
   const at::Device device = inputs.empty() ? at::Device(at::kCPU) : inputs[0].device();
   c10::OptionalDeviceGuard guard;
   void* stream = nullptr;
@@ -490,8 +548,17 @@ void replay(const Plan& plan, const std::vector<at::Tensor>& inputs, torch::jit:
     }
   }
   clock.lap(stats.launch_ns);
+  std::vector<at::Tensor> results;
+  results.reserve(plan.returns.size());
+  for (const ViewSpec& r : plan.returns) results.push_back(view_of(r, inputs, allocs));
+  return results;
+}
+
+void replay(const Plan& plan, const std::vector<at::Tensor>& inputs, torch::jit::Stack* stack, size_t num_args,
+            PhaseClock& clock, Stats& stats) {
+  std::vector<at::Tensor> results = run_plan(plan, inputs, clock, stats);
   torch::jit::drop(*stack, num_args);
-  for (const ViewSpec& r : plan.returns) stack->emplace_back(view_of(r, inputs, allocs));
+  for (at::Tensor& r : results) stack->emplace_back(std::move(r));
 }
 
 // ---------------------------------------------------------------- plan specs from Python
@@ -502,7 +569,8 @@ std::vector<int64_t> int_vector(py::handle h) {
 }
 
 ViewSpec parse_view(py::handle h) {
-  // (source, index, as_is, sizes, strides, offset)
+  // (source, index, as_is, sizes, strides, offset), or None: an undefined tensor
+  if (h.is_none()) return ViewSpec{Source::kInput, -1, true, {}, {}, 0};
   py::tuple t = py::reinterpret_borrow<py::tuple>(h);
   ViewSpec v;
   v.source = static_cast<Source>(t[0].cast<int>());
@@ -558,19 +626,9 @@ std::unique_ptr<PyLaunch> parse_python(py::tuple t) {
   return l;
 }
 
-std::shared_ptr<const Plan> parse_plan(py::handle spec) {
+std::shared_ptr<Plan> parse_replay(py::tuple t) {
+  // ("replay", allocations, steps, returns)
   auto plan = std::make_shared<Plan>();
-  py::tuple t = py::reinterpret_borrow<py::tuple>(spec);
-  const std::string kind = t[0].cast<std::string>();
-  if (kind == "native") {
-    plan->kind = PlanKind::kNative;
-    return plan;
-  }
-  if (kind == "python") {
-    plan->kind = PlanKind::kPython;
-    return plan;
-  }
-  TORCH_CHECK(kind == "replay", "flaggems: unknown plan kind ", kind);
   plan->kind = PlanKind::kReplay;
   for (py::handle a : t[1]) {
     py::tuple at_ = py::reinterpret_borrow<py::tuple>(a);
@@ -592,9 +650,94 @@ std::shared_ptr<const Plan> parse_plan(py::handle spec) {
   return plan;
 }
 
+// The backward op ``name`` of this registry, made on first use from (name, schema, entry, planner).
+std::shared_ptr<OpState> backward_op(OpState& st, py::tuple b) {
+  TORCH_CHECK(st.backwards, "flaggems: ", st.name, " cannot make backward ops");
+  const std::string name = b[0].cast<std::string>();
+  std::lock_guard<std::mutex> guard(st.backwards->lock);
+  auto found = st.backwards->ops.find(name);
+  if (found != st.backwards->ops.end()) return found->second;
+  auto op = std::make_shared<OpState>(name, torch::jit::parseSchema(b[1].cast<std::string>()),
+                                      py::reinterpret_borrow<py::object>(b[2]),
+                                      py::reinterpret_borrow<py::object>(b[3]), st.capacity, nullptr);
+  st.backwards->ops.emplace(name, op);
+  return op;
+}
+
+// ("grad", i) | ("saved", j) | ("const", value) | ("needs",); a constant typed as ``type`` (or inferred).
+ArgItem parse_item(py::handle h, const c10::TypePtr& type) {
+  py::tuple t = py::reinterpret_borrow<py::tuple>(h);
+  const std::string kind = t[0].cast<std::string>();
+  if (kind == "grad") return {ArgItem::kGrad, t[1].cast<int32_t>(), {}};
+  if (kind == "saved") return {ArgItem::kSaved, t[1].cast<int32_t>(), {}};
+  if (kind == "needs") return {ArgItem::kNeeds, 0, {}};
+  TORCH_CHECK(kind == "const", "flaggems: unknown backward argument ", kind);
+  if (type) return {ArgItem::kConst, 0, torch::jit::toIValue(t[1], type)};
+  py::handle v = t[1];  // an extra constant: None or a Python number
+  if (v.is_none()) return {ArgItem::kConst, 0, c10::IValue()};
+  if (py::isinstance<py::bool_>(v)) return {ArgItem::kConst, 0, c10::IValue(v.cast<bool>())};
+  if (py::isinstance<py::int_>(v)) return {ArgItem::kConst, 0, c10::IValue(v.cast<int64_t>())};
+  TORCH_CHECK(py::isinstance<py::float_>(v), "flaggems: an extra backward constant must be None, bool, int or float");
+  return {ArgItem::kConst, 0, c10::IValue(v.cast<double>())};
+}
+
+std::shared_ptr<const Plan> parse_autograd(py::tuple t, OpState& st) {
+  // ("autograd", forward, num_outputs, slots, saved, (name, schema, entry, planner), args, double_backward, extra)
+  auto spec = std::make_shared<AutogradSpec>();
+  spec->forward = parse_replay(t[1].cast<py::tuple>());
+  spec->num_outputs = t[2].cast<size_t>();
+  TORCH_CHECK(spec->num_outputs <= spec->forward->returns.size(), "flaggems: more outputs than forward returns");
+  for (py::handle i : t[3]) spec->slots.push_back(i.cast<int32_t>());
+  for (py::handle item : t[4]) {
+    py::tuple pair = py::reinterpret_borrow<py::tuple>(item);
+    spec->saved.emplace_back(static_cast<Source>(pair[0].cast<int>()), pair[1].cast<int32_t>());
+  }
+  spec->backward = backward_op(st, t[5].cast<py::tuple>());
+  const auto& arguments = spec->backward->schema.arguments();
+  py::tuple args = t[6].cast<py::tuple>();
+  TORCH_CHECK(args.size() == arguments.size(), "flaggems: backward ", spec->backward->name, " takes ",
+              arguments.size(), " arguments, the plan gives ", args.size());
+  for (size_t i = 0; i < args.size(); ++i) spec->args.push_back(parse_item(args[i], arguments[i].real_type()));
+  spec->double_backward = py::reinterpret_borrow<py::object>(t[7]);
+  for (py::handle item : t[8]) spec->extra.push_back(parse_item(item, nullptr));
+  auto plan = std::make_shared<Plan>();
+  plan->kind = PlanKind::kAutograd;
+  plan->autograd = std::move(spec);
+  return plan;
+}
+
+std::shared_ptr<const Plan> parse_plan(py::handle spec, OpState& st) {
+  auto plan = std::make_shared<Plan>();
+  py::tuple t = py::reinterpret_borrow<py::tuple>(spec);
+  const std::string kind = t[0].cast<std::string>();
+  if (kind == "native") {
+    plan->kind = st.op ? PlanKind::kNative : PlanKind::kPython;  // a backward op's fallback is its entry
+    return plan;
+  }
+  if (kind == "python") {
+    plan->kind = PlanKind::kPython;
+    return plan;
+  }
+  if (kind == "autograd") return parse_autograd(t, st);
+  TORCH_CHECK(kind == "replay", "flaggems: unknown plan kind ", kind);
+  return parse_replay(t);
+}
+
 // ---------------------------------------------------------------- the kernel
+py::object call_python(OpState& st, py::handle fn, const std::vector<at::Tensor>* inputs, torch::jit::Stack* stack,
+                       size_t num_args);
+void push_result(OpState& st, torch::jit::Stack* stack, size_t num_args, const py::object& result);
+
 void call_native(OpState& st, torch::jit::Stack* stack) {
-  st.native.callBoxed(st.op, st.native_keys, stack);
+  if (st.op) {
+    st.native->callBoxed(*st.op, st.native_keys, stack);
+    return;
+  }
+  py::gil_scoped_acquire gil;  // a backward op has no native kernel: its Python entry serves
+  st.stats.python.fetch_add(1, std::memory_order_relaxed);
+  const size_t num_args = st.schema.arguments().size();
+  py::object result = call_python(st, st.entry, nullptr, stack, num_args);
+  push_result(st, stack, num_args, result);
 }
 
 // One argument as the Python kernel of torch.library receives it: dtypes,
@@ -644,7 +787,7 @@ std::pair<py::tuple, py::dict> python_arguments(const c10::FunctionSchema& schem
 // Calls ``fn(*args, **kwargs)``, or the planner ``fn(args, kwargs, inputs)``; returns what it returned.
 py::object call_python(OpState& st, py::handle fn, const std::vector<at::Tensor>* inputs, torch::jit::Stack* stack,
                        size_t num_args) {
-  auto [args, kwargs] = python_arguments(st.op.schema(), *stack, num_args);
+  auto [args, kwargs] = python_arguments(st.schema, *stack, num_args);
   try {
     if (inputs == nullptr) return fn(*args, **kwargs);
     py::tuple py_inputs(inputs->size());
@@ -659,7 +802,7 @@ py::object call_python(OpState& st, py::handle fn, const std::vector<at::Tensor>
 
 void push_result(OpState& st, torch::jit::Stack* stack, size_t num_args, const py::object& result) {
   torch::jit::drop(*stack, num_args);
-  const auto& returns = st.op.schema().returns();
+  const auto& returns = st.schema.returns();
   if (returns.size() == 1) {
     stack->push_back(torch::jit::toIValue(result, returns[0].real_type()));
     return;
@@ -682,82 +825,194 @@ void store(OpState& st, std::vector<int64_t>&& key, std::shared_ptr<const Plan> 
   }
 }
 
+void serve(OpState& st, torch::jit::Stack* stack);
+
+// The plan of a call being served, for its autograd node (saved as a capsule in the node's context).
+struct PlanHolder : torch::CustomClassHolder {
+  explicit PlanHolder(std::shared_ptr<const Plan> p) : plan(std::move(p)) {}
+  std::shared_ptr<const Plan> plan;
+};
+
+struct AutogradCall {
+  std::shared_ptr<const Plan> plan;
+  const std::vector<at::Tensor>* inputs;
+};
+
+c10::IValue argument(const ArgItem& item, const torch::autograd::variable_list& grads,
+                     const torch::autograd::variable_list& saved, const c10::List<bool>& needs) {
+  switch (item.kind) {
+    case ArgItem::kGrad:
+      return grads[item.index];
+    case ArgItem::kSaved:
+      return saved[item.index];
+    case ArgItem::kNeeds:
+      return needs;
+    case ArgItem::kConst:
+      break;
+  }
+  return item.value;
+}
+
+torch::autograd::variable_list tensors_of(const py::object& result, size_t count, const std::string& name) {
+  py::sequence seq = result.cast<py::sequence>();
+  TORCH_CHECK(seq.size() == count, "flaggems: ", name, " returned ", seq.size(), " gradients, expected ", count);
+  torch::autograd::variable_list out;
+  for (py::handle g : seq) out.push_back(g.is_none() ? at::Tensor() : THPVariable_Unpack(g.ptr()));
+  return out;
+}
+
+// torch's C++ custom-function machinery: edges, saved-variable version checks, materialised
+// gradients, needs_input_grad. Only the forward replay and the backward call are ours.
+struct FlaggemsFunction : public torch::autograd::Function<FlaggemsFunction> {
+  static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx, const AutogradCall& call,
+                                                at::TensorList /*differentiable*/) {
+    const AutogradSpec& spec = *call.plan->autograd;
+    PhaseClock clock;
+    std::vector<at::Tensor> results = run_plan(*spec.forward, *call.inputs, clock, spec.backward->stats);
+    torch::autograd::variable_list to_save;
+    for (const auto& [source, index] : spec.saved) {
+      to_save.push_back(source == Source::kInput ? (*call.inputs)[index] : results[index]);
+    }
+    ctx->save_for_backward(std::move(to_save));
+    ctx->saved_data["plan"] = c10::IValue::make_capsule(c10::make_intrusive<PlanHolder>(call.plan));
+    results.resize(spec.num_outputs);
+    return results;
+  }
+
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    auto holder = c10::static_intrusive_pointer_cast<PlanHolder>(ctx->saved_data["plan"].toCapsule());
+    const AutogradSpec& spec = *holder->plan->autograd;
+    const torch::autograd::variable_list saved = ctx->get_saved_variables();
+    c10::List<bool> needs;
+    size_t edge = 0;
+    for (int32_t slot : spec.slots) needs.push_back(slot >= 0 && ctx->needs_input_grad(edge++));
+    torch::jit::Stack stack;
+    for (const ArgItem& item : spec.args) stack.push_back(argument(item, grads, saved, needs));
+    const size_t count = spec.slots.size();
+    torch::autograd::variable_list found;
+    if (at::GradMode::is_enabled()) {  // create_graph: a differentiable backward, in Python
+      py::gil_scoped_acquire gil;
+      py::tuple args(stack.size() + spec.extra.size());
+      for (size_t i = 0; i < stack.size(); ++i) args[i] = torch::jit::toPyObject(stack[i]);
+      for (size_t i = 0; i < spec.extra.size(); ++i) {
+        args[stack.size() + i] = torch::jit::toPyObject(argument(spec.extra[i], grads, saved, needs));
+      }
+      try {
+        found = tensors_of(spec.double_backward(*args), count, spec.backward->name);
+      } catch (py::error_already_set& e) {
+        rethrow_python(e);
+      }
+    } else {
+      serve(*spec.backward, &stack);
+      TORCH_CHECK(stack.size() == count, "flaggems: ", spec.backward->name, " returned ", stack.size(),
+                  " values, expected ", count);
+      for (c10::IValue& v : stack) found.push_back(v.isNone() ? at::Tensor() : std::move(v).toTensor());
+    }
+    torch::autograd::variable_list out{at::Tensor()};  // the AutogradCall argument
+    for (size_t k = 0; k < count; ++k) {
+      if (spec.slots[k] >= 0) out.push_back(needs[k] ? found[k] : at::Tensor());
+    }
+    return out;
+  }
+};
+
+void serve_autograd(const std::shared_ptr<const Plan>& plan, const std::vector<at::Tensor>& inputs,
+                    torch::jit::Stack* stack, size_t num_args) {
+  std::vector<at::Tensor> differentiable;
+  for (int32_t slot : plan->autograd->slots) {
+    if (slot >= 0) differentiable.push_back(inputs[slot]);
+  }
+  AutogradCall call{plan, &inputs};
+  torch::autograd::variable_list outputs = FlaggemsFunction::apply(call, at::TensorList(differentiable));
+  torch::jit::drop(*stack, num_args);
+  for (at::Tensor& out : outputs) stack->emplace_back(std::move(out));
+}
+
+// Serves one call of ``st`` on ``stack`` (its arguments in, its results out).
+void serve(OpState& st, torch::jit::Stack* stack) {
+  const size_t num_args = st.schema.arguments().size();
+  if (native_depth > 0 || is_busy(&st)) {
+    call_native(st, stack);
+    return;
+  }
+  PhaseClock clock;
+  thread_local std::vector<int64_t> key;
+  thread_local std::vector<std::pair<uintptr_t, uintptr_t>> ranges;
+  std::vector<at::Tensor> inputs;
+  key.clear();
+  ranges.clear();
+  bool keyed = true;
+  if (st.grad_sensitive) {
+    key.push_back(kTagGrad);
+    key.push_back(at::GradMode::is_enabled());
+  }
+  for (auto it = stack->end() - num_args; it != stack->end() && keyed; ++it) {
+    keyed = add_ivalue(key, *it, inputs, ranges, st.grad_sensitive);
+  }
+  clock.lap(st.stats.key_ns);
+  std::shared_ptr<const Plan> plan;
+  if (keyed) {
+    std::shared_lock<std::shared_mutex> guard(st.lock);
+    auto found = st.plans.find(key);
+    if (found != st.plans.end()) plan = found->second;
+  }
+  clock.lap(st.stats.lookup_ns);
+  if (plan) {
+    switch (plan->kind) {
+      case PlanKind::kReplay:
+        st.stats.replay.fetch_add(1, std::memory_order_relaxed);
+        replay(*plan, inputs, stack, num_args, clock, st.stats);
+        inputs.clear();
+        plan.reset();
+        clock.lap(st.stats.finish_ns);
+        if (clock.on) st.stats.profiled.fetch_add(1, std::memory_order_relaxed);
+        return;
+      case PlanKind::kNative:
+        st.stats.native.fetch_add(1, std::memory_order_relaxed);
+        call_native(st, stack);
+        return;
+      case PlanKind::kAutograd:
+        st.stats.replay.fetch_add(1, std::memory_order_relaxed);
+        serve_autograd(plan, inputs, stack, num_args);
+        return;
+      case PlanKind::kPython:
+        break;
+    }
+  }
+  py::gil_scoped_acquire gil;
+  if (plan || !keyed) {
+    (plan ? st.stats.python : st.stats.uncached).fetch_add(1, std::memory_order_relaxed);
+    py::object result = call_python(st, st.entry, nullptr, stack, num_args);
+    push_result(st, stack, num_args, result);
+    return;
+  }
+  st.stats.miss.fetch_add(1, std::memory_order_relaxed);
+  std::vector<int64_t> miss_key = key;  // the planner may re-enter (other ops) and reuse the buffer
+  py::object answer;
+  {
+    BusyGuard busy(&st);
+    answer = call_python(st, st.planner, &inputs, stack, num_args);
+  }
+  py::tuple pair = answer.cast<py::tuple>();
+  if (!pair[1].is_none()) {
+    std::shared_ptr<const Plan> made;
+    try {
+      made = parse_plan(pair[1], st);
+    } catch (const std::exception&) {
+      st.stats.rejected.fetch_add(1, std::memory_order_relaxed);  // a malformed plan: the call stays served
+    }
+    if (made) store(st, std::move(miss_key), std::move(made));
+  }
+  push_result(st, stack, num_args, py::reinterpret_borrow<py::object>(pair[0]));
+}
+
 class Entry final : public c10::OperatorKernel {
  public:
   explicit Entry(std::shared_ptr<OpState> state) : state_(std::move(state)) {}
 
   void operator()(const c10::OperatorHandle&, c10::DispatchKeySet, torch::jit::Stack* stack) {
-    OpState& st = *state_;
-    const size_t num_args = st.op.schema().arguments().size();
-    if (native_depth > 0 || is_busy(&st)) {
-      call_native(st, stack);
-      return;
-    }
-    PhaseClock clock;
-    thread_local std::vector<int64_t> key;
-    thread_local std::vector<std::pair<uintptr_t, uintptr_t>> ranges;
-    std::vector<at::Tensor> inputs;
-    key.clear();
-    ranges.clear();
-    bool keyed = true;
-    if (st.grad_sensitive) {
-      key.push_back(kTagGrad);
-      key.push_back(at::GradMode::is_enabled());
-    }
-    for (auto it = stack->end() - num_args; it != stack->end() && keyed; ++it) {
-      keyed = add_ivalue(key, *it, inputs, ranges, st.grad_sensitive);
-    }
-    clock.lap(st.stats.key_ns);
-    std::shared_ptr<const Plan> plan;
-    if (keyed) {
-      std::shared_lock<std::shared_mutex> guard(st.lock);
-      auto found = st.plans.find(key);
-      if (found != st.plans.end()) plan = found->second;
-    }
-    clock.lap(st.stats.lookup_ns);
-    if (plan) {
-      switch (plan->kind) {
-        case PlanKind::kReplay:
-          st.stats.replay.fetch_add(1, std::memory_order_relaxed);
-          replay(*plan, inputs, stack, num_args, clock, st.stats);
-          inputs.clear();
-          plan.reset();
-          clock.lap(st.stats.finish_ns);
-          if (clock.on) st.stats.profiled.fetch_add(1, std::memory_order_relaxed);
-          return;
-        case PlanKind::kNative:
-          st.stats.native.fetch_add(1, std::memory_order_relaxed);
-          call_native(st, stack);
-          return;
-        case PlanKind::kPython:
-          break;
-      }
-    }
-    py::gil_scoped_acquire gil;
-    if (plan || !keyed) {
-      (plan ? st.stats.python : st.stats.uncached).fetch_add(1, std::memory_order_relaxed);
-      py::object result = call_python(st, st.entry, nullptr, stack, num_args);
-      push_result(st, stack, num_args, result);
-      return;
-    }
-    st.stats.miss.fetch_add(1, std::memory_order_relaxed);
-    std::vector<int64_t> miss_key = key;  // the planner may re-enter (other ops) and reuse the buffer
-    py::object answer;
-    {
-      BusyGuard busy(&st);
-      answer = call_python(st, st.planner, &inputs, stack, num_args);
-    }
-    py::tuple pair = answer.cast<py::tuple>();
-    if (!pair[1].is_none()) {
-      std::shared_ptr<const Plan> made;
-      try {
-        made = parse_plan(pair[1]);
-      } catch (const std::exception&) {
-        st.stats.rejected.fetch_add(1, std::memory_order_relaxed);  // a malformed plan: the call stays served
-      }
-      if (made) store(st, std::move(miss_key), std::move(made));
-    }
-    push_result(st, stack, num_args, py::reinterpret_borrow<py::object>(pair[0]));
+    serve(*state_, stack);
   }
 
  private:
@@ -780,7 +1035,7 @@ class Registry {
     const bool grad = key_name.rfind("Autograd", 0) == 0;
     const std::string full = overload.empty() ? name : name + "." + overload;
     auto state = std::make_shared<OpState>(full, handle, native, key, std::move(entry), std::move(planner), grad,
-                                           capacity);
+                                           capacity, backwards_);
     pending_.push_back({state, key});
     states_[full + "@" + key_name] = state;
   }
@@ -802,16 +1057,24 @@ class Registry {
   }
 
   void clear_plans() {
-    for (auto& [name, state] : states_) {
+    for (auto& [name, state] : all_states()) {
       decltype(state->plans) dropped;
       std::unique_lock<std::shared_mutex> guard(state->lock);
       dropped.swap(state->plans);
     }
   }
 
+  // Every op state: the registered ones, then the backward ops made so far (named "<name>@backward").
+  std::vector<std::pair<std::string, std::shared_ptr<OpState>>> all_states() {
+    std::vector<std::pair<std::string, std::shared_ptr<OpState>>> out(states_.begin(), states_.end());
+    std::lock_guard<std::mutex> guard(backwards_->lock);
+    for (auto& [name, state] : backwards_->ops) out.emplace_back(name + "@backward", state);
+    return out;
+  }
+
   py::dict stats() {
     py::dict out;
-    for (auto& [name, state] : states_) {
+    for (auto& [name, state] : all_states()) {
       size_t size;
       {
         std::shared_lock<std::shared_mutex> guard(state->lock);
@@ -849,6 +1112,7 @@ class Registry {
   std::vector<std::pair<std::shared_ptr<OpState>, c10::DispatchKey>> pending_;
   std::vector<std::unique_ptr<torch::Library>> libraries_;
   std::unordered_map<std::string, std::shared_ptr<OpState>> states_;
+  std::shared_ptr<BackwardOps> backwards_ = std::make_shared<BackwardOps>();
 };
 
 }  // namespace

@@ -8,9 +8,11 @@ its Autograd key; at the Autograd key the inputs may require grad:
 
 * grad needed (grad mode on and ``input``, ``weight`` or ``bias`` requires
   grad) for an input that torch's composite would copy
-  (:func:`in_place_grad`): the output comes from :class:`GroupNormFunction`, whose forward runs
+  (:func:`in_place_grad`): the output comes from a node of
+  :func:`flaggems.autograd.apply` (:data:`GROUP_NORM_GRAD`), whose forward runs
   ``native_group_norm``'s kernels (mean/rstd saved) and whose backward runs
-  ``native_group_norm_backward``'s, asking only for the gradients needed.
+  ``native_group_norm_backward``'s, asking only for the gradients needed; the
+  compiled entry replays both without Python.
   Under ``create_graph=True`` the backward is torch's instead (the forward
   recomputed through ``aten::native_group_norm``, whose derivative is
   differentiable again): double backward, e.g. a gradient penalty, gets
@@ -44,11 +46,9 @@ import math
 import torch
 from torch.autograd import forward_ad
 
-from flaggems import Decline
+from flaggems import Decline, autograd
 
 from . import group_norm as kernels  # through the module: a patched (spied) function is seen
-
-_NO_GRAD = (None,) * 5  # gradients of N, C, HxW, group, eps
 
 
 def _requires_grad(t: torch.Tensor | None) -> bool:
@@ -85,7 +85,7 @@ def _composite_copies(input: torch.Tensor) -> bool:
 
 
 def in_place_grad(input: torch.Tensor) -> bool:
-    """Whether a call that needs a gradient goes through :class:`GroupNormFunction` (else torch's composite).
+    """Whether a call that needs a gradient goes through our node (else torch's composite).
 
     Only where the composite would copy the input: with a gradient needed our node beat the composite over
     our kernels on every channels_last size measured, 10-128 MiB (the copies cost more than our node's Python
@@ -115,36 +115,40 @@ def _differentiable_backward(grad_out: torch.Tensor, saved: tuple[torch.Tensor |
                              mask: list[bool]) -> tuple[torch.Tensor | None, ...]:
     """torch's backward on a recomputed forward, recorded (``create_graph=True``): differentiable again."""
     input, weight, bias = saved
-    x = input if input.device.type == "cpu" else input.contiguous()  # what torch's composite passes
+    cpu = input.device.type == "cpu"  # what torch's composite passes: dense in the suggested format on CPU
+    x = input.contiguous(memory_format=kernels.suggest_memory_format(input)) if cpu else input.contiguous()
     y = torch.ops.aten.native_group_norm(x, weight, bias, *dims, eps)[0]
     found = iter(torch.autograd.grad(y, [t for t, m in zip(saved, mask) if m], grad_out, create_graph=True))
     return tuple(next(found) if m else None for m in mask)
 
 
-class GroupNormFunction(torch.autograd.Function):
-    """``y = group_norm(input, weight, bias)`` with our forward and backward kernels."""
+def _backward(grad_out: torch.Tensor, input: torch.Tensor, mean: torch.Tensor, rstd: torch.Tensor,
+              weight: torch.Tensor | None, N: int, C: int, HxW: int, group: int,
+              output_mask: list[bool]) -> tuple[torch.Tensor | None, ...]:
+    """Our backward kernels for the gradients asked; torch's where they decline (never raises ``Decline``)."""
+    dims = (N, C, HxW, group)
+    try:
+        return kernels.native_group_norm_backward(grad_out, input, mean, rstd, weight, *dims, output_mask,
+                                                  dx_like_input=True)
+    except Decline:
+        return _backward_fallback(grad_out, input, mean, rstd, weight, dims, output_mask)
 
-    @staticmethod
-    def forward(ctx, input, weight, bias, N, C, HxW, group, eps):
-        """Our forward kernels; mean and rstd are kept for the backward."""
-        y, mean, rstd = kernels.native_group_norm(input, weight, bias, N, C, HxW, group, eps, dense_only=False)
-        ctx.save_for_backward(input, weight, bias, mean, rstd)
-        ctx.dims, ctx.eps = (N, C, HxW, group), eps
-        return y
 
-    @staticmethod
-    def backward(ctx, grad_out):
-        """Our backward kernels for the gradients asked (``needs_input_grad``); torch's under ``create_graph``."""
-        input, weight, bias, mean, rstd = ctx.saved_tensors
-        mask = list(ctx.needs_input_grad[:3])
-        if torch.is_grad_enabled():
-            return (*_differentiable_backward(grad_out, (input, weight, bias), ctx.dims, ctx.eps, mask), *_NO_GRAD)
-        try:
-            grads = kernels.native_group_norm_backward(grad_out, input, mean, rstd, weight, *ctx.dims, mask,
-                                                       dx_like_input=True)
-        except Decline:
-            grads = _backward_fallback(grad_out, input, mean, rstd, weight, ctx.dims, mask)
-        return (*grads, *_NO_GRAD)
+def _double_backward(grad_out: torch.Tensor, input: torch.Tensor, mean: torch.Tensor, rstd: torch.Tensor,
+                     weight: torch.Tensor | None, N: int, C: int, HxW: int, group: int, output_mask: list[bool],
+                     bias: torch.Tensor | None, eps: float) -> tuple[torch.Tensor | None, ...]:
+    """Under ``create_graph``: torch's backward on a recomputed forward, differentiable again."""
+    return _differentiable_backward(grad_out, (input, weight, bias), (N, C, HxW, group), eps, list(output_mask))
+
+
+#: The backward of our ``aten::group_norm`` node: ``native_group_norm_backward``'s arguments, with ``dx``
+#: laid out like the input (see the module docstring).
+GROUP_NORM_GRAD = autograd.Derivative(
+    "flaggems::group_norm_backward",
+    "(Tensor grad_out, Tensor input, Tensor mean, Tensor rstd, Tensor? weight, int N, int C, int HxW, int group, "
+    "bool[3] output_mask) -> (Tensor, Tensor, Tensor)",
+    _backward, _double_backward,
+)
 
 
 def group_norm(input: torch.Tensor, num_groups: int, weight: torch.Tensor | None = None,
@@ -167,5 +171,11 @@ def group_norm(input: torch.Tensor, num_groups: int, weight: torch.Tensor | None
         if not in_place_grad(input):
             raise Decline("gradient needed and torch's composite reads this input without a large copy: it "
                           "calls native_group_norm (and its backward), which our kernels serve")
-        return GroupNormFunction.apply(input, weight, bias, N, C, HxW, num_groups, eps)
+        return autograd.apply(
+            GROUP_NORM_GRAD,
+            lambda: kernels.native_group_norm(input, weight, bias, N, C, HxW, num_groups, eps, dense_only=False),
+            outputs=1, differentiable=(input, weight, bias),
+            args=(autograd.Grad(0), input, autograd.Result(1), autograd.Result(2), weight, N, C, HxW, num_groups,
+                  autograd.NEEDS),
+            extra=(bias, eps))
     return kernels.native_group_norm(input, weight, bias, N, C, HxW, num_groups, eps, dense_only=False)[0]
