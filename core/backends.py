@@ -161,17 +161,40 @@ def _activate(backend: Backend, simulated: bool, reason: str,
     return ActiveBackend(backend, backend.device_type, backend.dispatch_key, simulated, interp, reason, probes)
 
 
+#: What :func:`prepare_interpreter` changed, so that selecting a driven backend later undoes it:
+#: ``env`` is ``TRITON_INTERPRET``'s value before (``None``: unset), ``helpers`` the replaced attributes.
+_INTERPRETER_CHANGES: dict[str, object] = {}
+
+
 def prepare_interpreter(active: ActiveBackend) -> None:
-    """Make Triton use its interpreter when kernels run on CPU tensors.
+    """Make Triton use its interpreter when kernels run on CPU tensors (and undo that for a driven backend).
 
     Triton decides at decoration time (``@triton.jit``) whether a function is
     interpreted, so this must run before any kernel module is imported. The
     core imports kernel modules lazily (at ``enable()``), after this call.
+    Selecting a backend with a Triton driver afterwards (tests switch
+    backends in one process) restores ``TRITON_INTERPRET`` and Triton's own
+    helpers: left interpreted, every kernel compiled for the GPU after that
+    would call interpreted helpers and fail to compile.
     """
     if active.interpreter:
+        if "env" not in _INTERPRETER_CHANGES:
+            _INTERPRETER_CHANGES["env"] = os.environ.get("TRITON_INTERPRET")
         os.environ["TRITON_INTERPRET"] = "1"
         if "triton" in sys.modules:
             _interpret_triton_library()
+    elif _INTERPRETER_CHANGES:
+        _restore_compiled_mode()
+
+
+def _restore_compiled_mode() -> None:
+    before = _INTERPRETER_CHANGES.pop("env", None)
+    if before is None:
+        os.environ.pop("TRITON_INTERPRET", None)
+    else:
+        os.environ["TRITON_INTERPRET"] = str(before)
+    for module, attr, original in _INTERPRETER_CHANGES.pop("helpers", []):  # type: ignore[union-attr]
+        setattr(module, attr, original)
 
 
 def _interpret_triton_library() -> None:
@@ -182,12 +205,14 @@ def _interpret_triton_library() -> None:
     they are compiled-mode ``JITFunction`` objects, which an interpreted kernel
     cannot call ("Cannot call @triton.jit'd outside of the scope of a kernel",
     triton 3.9). Each is replaced, in every loaded ``triton.language`` module,
-    by the interpreted function that decorating it now would have produced.
+    by the interpreted function that decorating it now would have produced
+    (the originals are kept for :func:`_restore_compiled_mode`).
     """
     from triton.runtime.interpreter import InterpretedFunction
     from triton.runtime.jit import JITFunction
 
     replaced: dict[int, InterpretedFunction] = {}
+    helpers = _INTERPRETER_CHANGES.setdefault("helpers", [])
     for name, module in list(sys.modules.items()):
         if module is None or not (name == "triton.language" or name.startswith("triton.language.")):
             continue
@@ -197,4 +222,5 @@ def _interpret_triton_library() -> None:
                     replaced[id(value)] = InterpretedFunction(
                         value.fn, version=value.version, do_not_specialize=value.do_not_specialize,
                         debug=value.debug, noinline=value.noinline)
+                helpers.append((module, attr, value))  # type: ignore[union-attr]
                 setattr(module, attr, replaced[id(value)])

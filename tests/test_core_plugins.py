@@ -216,3 +216,28 @@ def test_an_allowlist_keeps_the_default_plugin():
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
     assert proc.returncode == 0, proc.stderr
     assert "generic" in json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def _probe_helper(x):
+    return x
+
+
+def test_selecting_a_driven_backend_undoes_the_interpreter(monkeypatch):
+    """An interpreted backend (a device without a Triton driver) switches the process to the interpreter;
+    a driven backend selected later switches it back: TRITON_INTERPRET and Triton's own helpers (left
+    interpreted, later GPU compiles fail: seen on the H200 after a test selected such a backend)."""
+    import types
+
+    from triton.runtime.jit import JITFunction
+
+    from flaggems import backends
+
+    module = types.ModuleType("triton.language._flaggems_probe")
+    module.helper = original = JITFunction(_probe_helper)
+    monkeypatch.setitem(sys.modules, module.__name__, module)
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    monkeypatch.setattr(backends, "_INTERPRETER_CHANGES", {})
+    backends.prepare_interpreter(types.SimpleNamespace(interpreter=True))
+    assert os.environ["TRITON_INTERPRET"] == "1" and module.helper is not original
+    backends.prepare_interpreter(types.SimpleNamespace(interpreter=False))
+    assert "TRITON_INTERPRET" not in os.environ and module.helper is original
