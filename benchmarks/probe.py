@@ -832,25 +832,14 @@ def _sweep(module: object, names: tuple[str, ...], grid: tuple[tuple, ...], rese
 
 def probe_group_norm_sweep() -> None:
     """group_norm's launch policy (tuning key "group_norm") over tile x warps x programs per SM."""
-    import dataclasses
-
-    from flaggems.toolkit import context
-
     def measure(label: str) -> None:
         for config in GN_CONFIGS:
             calls = _gn_calls(*config)
             for part in ("fwd", "bwd"):
                 ours(f"gn sweep {label} {_gn_label(*config)} {part}", calls[part])
 
-    saved = context.current()
-    try:
-        for tile, warps, per_sm in itertools.product((2048, 4096, 8192), (4, 8), (2, 4)):
-            values = {"tile": tile, "num_warps": warps, "programs_per_sm": per_sm}
-            context.install(dataclasses.replace(saved, tuning=lambda key, v=values: v if key == "group_norm" else {},
-                                                _facts={}))
-            measure(f"tile={tile} num_warps={warps} programs_per_sm={per_sm}")
-    finally:
-        context.install(saved)
+    _policy_sweep("group_norm", ("tile", "num_warps", "programs_per_sm"), ((2048, 4096, 8192), (4, 8), (2, 4)),
+                  measure)
 
 
 # --------------------------------------------------------------------------- index family
@@ -915,22 +904,33 @@ def probe_index_copy_paths() -> None:
 
 
 def probe_index_sweep() -> None:
-    from flaggems.toolkit import indexing
-
+    """The gather/scatter launch policy (tuning key "gather_scatter") over tile x warps."""
     cases = _index_cases()
-
-    def reset() -> None:
-        indexing._PLANS.clear()
-        indexing._LAUNCHERS.clear()
 
     def measure(label: str) -> None:
         for name, fn in cases.items():
             ours(f"index sweep {label} {name}", fn)
 
-    # Run 2 swept TILE x MAX_COLS x NUM_WARPS with scalar accesses, run 3 the small-workload constants
-    # (MIN_PROGRAMS 0-2048 x MIN_TILE 512-2048 x ELEMENTS_PER_WARP 128/256); run 5 sweeps the tile
+    # Run 2 swept tile x max_cols x num_warps with scalar accesses, run 3 the small-workload fields
+    # (min_programs 0-2048 x min_tile 512-2048 x elements_per_warp 128/256); run 5 sweeps the tile
     # again now that interior tiles vectorise.
-    _sweep(indexing, ("TILE", "NUM_WARPS"), ((4096, 8192, 16384), (4, 8, 16)), reset, measure)
+    _policy_sweep("gather_scatter", ("tile", "num_warps"), ((4096, 8192, 16384), (4, 8, 16)), measure)
+
+
+def _policy_sweep(key: str, names: tuple[str, ...], grid: tuple[tuple, ...], measure: Callable[[str], None]) -> None:
+    """Install a kernel context whose tuning ``key`` takes every point of ``grid``; ``measure(label)`` each."""
+    import dataclasses
+
+    from flaggems.toolkit import context
+
+    saved = context.current()
+    try:
+        for values in itertools.product(*grid):
+            tuned = dict(zip(names, values))
+            context.install(dataclasses.replace(saved, tuning=lambda k, v=tuned: v if k == key else {}, _facts={}))
+            measure(" ".join(f"{name}={value}" for name, value in tuned.items()))
+    finally:
+        context.install(saved)
 
 
 # --------------------------------------------------------------------------- compiled kernels

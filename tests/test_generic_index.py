@@ -10,7 +10,7 @@ from conftest import run_compiled, set_kernel_context
 
 import flaggems
 from flaggems.binding import native_scope
-from flaggems.toolkit import context
+from flaggems.toolkit import context, tuning
 from flaggems.toolkit.dependent_launch import dependent_launch
 from flaggems.toolkit.workspace import zeroed_scratch
 
@@ -112,13 +112,8 @@ def small_index_tiles(monkeypatch):
     """
     from flaggems.toolkit import indexing
 
-    monkeypatch.setattr(indexing, "TILE", 16)
-    monkeypatch.setattr(indexing, "MAX_COLS", 4)
-    monkeypatch.setattr(indexing, "MIN_TILE", 16)
-    monkeypatch.setattr(indexing, "_PLANS", {})
-    monkeypatch.setattr(indexing, "_LAUNCHERS", {})
-    monkeypatch.setattr(indexing, "_EITHER_PLANS", {})  # plans built with the default tiles must not leak in
-    monkeypatch.setattr(indexing, "_EITHER_LAUNCHERS", {})
+    set_kernel_context(monkeypatch, tuning=lambda key: {"tile": 16, "max_cols": 4, "min_tile": 16}
+                       if key == "gather_scatter" else {})  # the new context drops plans made with other tiles
     return indexing
 
 
@@ -275,9 +270,10 @@ def test_merged_one_column_gathers_get_more_warps():
         plan = indexing.plan_index(out, source, dim, inverse, scatter=False, fallback=fallback)
         return plan.launcher.options["num_warps"]
 
-    assert warps(1, indexing.FALLBACK_TENSOR) == indexing.MERGED_GATHER_WARPS == 16
-    assert warps(1, indexing.FALLBACK_KEEP) == warps(1, indexing.FALLBACK_ZERO) == indexing.NUM_WARPS
-    assert warps(0, indexing.FALLBACK_TENSOR) == indexing.FEW_ROWS_WARPS  # two 8 KiB rows a tile
+    assert warps(1, indexing.FALLBACK_TENSOR) == tuning.GatherScatterPolicy().merged_gather_warps == 16
+    defaults = tuning.GatherScatterPolicy()
+    assert warps(1, indexing.FALLBACK_KEEP) == warps(1, indexing.FALLBACK_ZERO) == defaults.num_warps
+    assert warps(0, indexing.FALLBACK_TENSOR) == defaults.few_rows_warps  # two 8 KiB rows a tile
     eight_rows = indexing.plan_index(torch.empty(64, 256, 512), torch.empty(64, 512, 512), 1,
                                      torch.empty(256, dtype=torch.int64), scatter=True)  # 2 KiB fp32 rows
     assert eight_rows.launcher.constexprs["BLOCK_R"] == 8 and eight_rows.launcher.options["num_warps"] == 8
@@ -944,7 +940,8 @@ def out_of_place_form(monkeypatch, request, small_index_tiles):
 
     monkeypatch.setattr(ic, "SEARCH_MAX_PAIRS", 1 << 62 if request.param == "search" else 0)
     monkeypatch.setattr(ic, "INVERSE_MIN_ELEMENTS", 1 << 62)
-    monkeypatch.setattr(small_index_tiles, "SEARCH_LANES", 4)
+    set_kernel_context(monkeypatch, tuning=lambda key: {"tile": 16, "max_cols": 4, "min_tile": 16, "search_lanes": 4}
+                       if key == "gather_scatter" else {})
     return request.param, _spy_forms(monkeypatch)
 
 
@@ -1053,3 +1050,24 @@ def test_index_copy_by_inverse_is_chosen_by_size():
         ic._inverse = real
     assert calls == [1024, 1024]
     assert float(out.sum()) == 1024 * 512 and float(big.sum()) == 512 * 512 + 512 * 1024  # odd rows: even columns
+
+
+def test_gather_scatter_tiles_come_from_the_typed_policy(monkeypatch):
+    """A backend's ``gather_scatter`` tuning sets the tiles and warps; the plans made before are dropped."""
+    from flaggems.toolkit import indexing
+
+    def plan():
+        out = torch.empty(64, 4096, dtype=torch.float16)
+        return indexing.plan_index(out, torch.empty(64, 4096, dtype=torch.float16), 0,
+                                   torch.empty(64, dtype=torch.int64), scatter=False)
+
+    default = plan()
+    assert (default.launcher.constexprs["BLOCK_R"], default.launcher.options["num_warps"]) == (2, 4)
+    set_kernel_context(monkeypatch, tuning=lambda key: {"wide_tile_bytes": 32768, "few_rows": 0, "num_warps": 4}
+                       if key == "gather_scatter" else {})
+    tuned = plan()
+    assert (tuned.launcher.constexprs["BLOCK_R"], tuned.launcher.options["num_warps"]) == (4, 4)
+    with pytest.raises(ValueError, match="max_col.*did you mean 'max_cols'"):
+        tuning.check_tuning("gather_scatter", {"max_col": 1024})
+    with pytest.raises(ValueError, match="gather_scatter.tile=1000: expected a power of two"):
+        tuning.check_tuning("gather_scatter", {"tile": 1000})

@@ -25,7 +25,7 @@ itself. Callers validate indices when checking is on.
 
 A search (``INDEX_SEARCH``) finds each row's ``j`` by comparing its position
 with every entry of a short index: index_copy's one-launch out-of-place form.
-Its tiles hold at most ``SEARCH_LANES`` row-and-entry pairs a step.
+Its tiles hold at most ``search_lanes`` row-and-entry pairs a step (:class:`~.tuning.GatherScatterPolicy`).
 
 :func:`scatter_or_gather` runs a scatter plan or a gather plan in one launch,
 whichever a flag in device memory (written by an earlier launch) picks: the
@@ -41,49 +41,17 @@ import torch
 import triton
 import triton.language as tl
 
+from . import context, tuning
 from .jit_helpers import hint16 as _hint
 from .jit_helpers import index_type as _narrow
 from .launch import FastLauncher
 from .layout import cdiv, collapse_dims, next_pow2, remember, span
 
 INT32_LIMIT = 2**31
-#: Elements per program (16 per thread at 8 warps), widest column block, warps. Swept on the
-#: H200 (TILE 4096/8192/16384 x MAX_COLS 1024/4096 x 4/8 warps, benchmarks/probe.py): this
-#: choice was best or within 3% of best on every seed shape except one (index_copy dim 1 of
-#: [64, 512, 512] fp16: 37.2 µs, best 35.9). index_select [4096, 4096] fp16: dim 0 15.4 µs
-#: (16.2 in the earlier bench with 1024 columns and 4 warps), dim 1 28.7 (31.8).
-TILE = 4096
-MAX_COLS = 4096
-NUM_WARPS = 8
-#: A workload of fewer tiles than this gets smaller tiles (down to ``MIN_TILE`` elements), and
-#: proportionally fewer warps (one per ``ELEMENTS_PER_WARP``): more programs in flight per SM.
-MIN_PROGRAMS = 1024
-MIN_TILE = 1024
-ELEMENTS_PER_WARP = 256
-#: Tiles whose rows are this wide or wider (bytes) hold ``WIDE_TILE_BYTES`` rather than ``TILE``
-#: elements, whatever the dtype. H200 run 13 (with WHOLE_TILES, medians
-#: of 3 rounds): index_select dim 0 of [4096, 4096] fp16 14.56 -> 14.14 µs, bf16 14.56 -> 14.18 (two
-#: rows a tile), of [8192, 2048] fp32 23.58 -> 23.01; index_copy_ [1024]^3 dim 1 fp16 (2 KiB rows)
-#: 535 -> 541. A standalone kernel showed the same: two rows a program 13.1 µs, one 14.1.
-WIDE_ROW_BYTES = 2048
-WIDE_TILE_BYTES = 16384
-#: Warps for a wide tile of at most ``FEW_ROWS`` rows (rows of 8 KiB or more). Its loads wait on one or
-#: two index reads; at 4 warps twice as many programs share an SM and hide that wait. H200 run 15,
-#: do_bench medians of 3-5 interleaved rounds, 8 -> 4 warps (torch): index_select dim 0 of [4096, 4096]
-#: fp16 14.02 -> 13.12 µs (14.94) and 14.66 -> 13.31 (15.17) in two runs, bf16 14.56 -> 13.66 (14.37),
-#: fp32 22.85 -> 22.37 (22.69) and 22.78 -> 23.23 (22.82): noise; [8192, 2048] fp32 23.33 -> 22.37
-#: (23.84). Tiles of 8 rows lost 2% at 4 warps (index_copy [1024]^3 dim 1 fp16 1028 -> 1049 µs,
-#: index_copy_ [64, 512, 512] dim 1 fp32 22.1 -> 22.6): they keep ``NUM_WARPS``.
-FEW_ROWS = 2
-FEW_ROWS_WARPS = 4
-#: Warps for a one-column gather that merges a fallback load (index_copy's out-of-place inverse
-#: form along the last dimension). H200, [4096, 4096] dim 1, kernel µs with 8 -> 16 warps
-#: (run 7): sorted block fp16 64.2 -> 50.5, fp32 69.9 -> 56.2; random fp16 51.6 -> 58.1, fp32
-#: 75.9 -> 71.9 (torch: 50.2, 68.3, 134.7, 219.9). The in-place form (no fallback load) was best
-#: at 8: 35.9 against 37.7 µs sorted, 44.8 against 46.7 random (fp16). With ``ROWS_ONE_OUTER``
-#: (run 8, fp16 sorted / random): merged 72.5 / 57.4 at 8 warps, 36.3 / 41.6 at 16; in place
-#: 29.2 / 38.2 at 8, 29.6 / 39.1 at 16.
-MERGED_GATHER_WARPS = 16
+def _policy() -> tuning.GatherScatterPolicy:
+    """Tiles and warps (tuning key ``gather_scatter``; the measured defaults are documented there)."""
+    return tuning.policy("gather_scatter")
+
 
 # Runtime scalars Triton must not specialise (a new shape never compiles).
 _SCALARS = ("outer0", "outer1", "rows", "inner1", "cols", "col_tiles", "dim_size",
@@ -94,10 +62,6 @@ _EITHER_SCALARS = ("scatter_tiles", "gather_tiles", *(side + name for side in ("
 #: How the kernel finds ``index[j]``: a tensor, ``j // int``, ``j // tensor[0]``, or a search of a tensor
 #: for ``j`` (the last ``k < divisor`` with ``tensor[k] == j``; -1 where none: a scatter turned gather).
 INDEX_TENSOR, INDEX_DIVIDE_INT, INDEX_DIVIDE_TENSOR, INDEX_SEARCH = 0, 1, 2, 3
-#: A search's tile compares at most this many row-and-entry pairs a step (16 a thread at 8 warps). H200
-#: run 14, 11 shapes: 1024 was faster on 5 (at most by 20%: [64, 64] dim 1, 8 entries, 2.62 -> 2.09
-#: µs) and slower on 4 (at most by 11%); no clear winner.
-SEARCH_LANES = 4096
 #: What a gather writes where ``index[j]`` is invalid: zero, a fallback tensor's element, or nothing.
 FALLBACK_ZERO, FALLBACK_TENSOR, FALLBACK_KEEP = 0, 1, 2
 #: How a tile's rows split into ``(outer, j)``, dearest first (see :func:`_row_coordinates`).
@@ -362,21 +326,23 @@ def _launcher(num_warps: int, **constexprs: int | bool) -> FastLauncher:
     return launcher
 
 
-def _tile(rows: int, cols: int, j_size: int, min_programs: int, element_size: int) -> tuple[int, int]:
-    """``(BLOCK_R, BLOCK_C)``: ``TILE`` elements, shrunk while the grid has under ``min_programs`` tiles.
+def _tile(rows: int, cols: int, j_size: int, min_programs: int, element_size: int,
+          policy: tuning.GatherScatterPolicy | None = None) -> tuple[int, int]:
+    """``(BLOCK_R, BLOCK_C)``: ``policy.tile`` elements, shrunk while the grid has under ``min_programs`` tiles.
 
-    Wide rows (``WIDE_ROW_BYTES``) take ``WIDE_TILE_BYTES`` instead. Rows
-    shrink to at most ``j_size`` when that keeps ``MIN_TILE`` elements, so the
+    Wide rows (``wide_row_bytes``) take ``wide_tile_bytes`` instead. Rows
+    shrink to at most ``j_size`` when that keeps ``min_tile`` elements, so the
     kernel's tiles span at most two outer positions (``ROWS_WRAP_ONCE``).
     """
-    block_c = min(next_pow2(max(cols, 1)), MAX_COLS)
-    wide = block_c * element_size >= WIDE_ROW_BYTES
-    block_r = max((WIDE_TILE_BYTES // element_size if wide else TILE) // block_c, 1)
+    policy = policy or _policy()
+    block_c = min(next_pow2(max(cols, 1)), policy.max_cols)
+    wide = block_c * element_size >= policy.wide_row_bytes
+    block_r = max((policy.wide_tile_bytes // element_size if wide else policy.tile) // block_c, 1)
     if block_r > j_size >= 1:
         within = 1 << (j_size.bit_length() - 1)  # the largest power of two <= j_size
-        if within * block_c >= MIN_TILE:
+        if within * block_c >= policy.min_tile:
             block_r = within
-    while (block_r * block_c > MIN_TILE
+    while (block_r * block_c > policy.min_tile
            and cdiv(rows, block_r) * cdiv(cols, block_c) < min_programs):
         if block_r > 1:
             block_r //= 2
@@ -423,9 +389,11 @@ def plan_index(a: torch.Tensor, b: torch.Tensor, dim: int, index: torch.Tensor, 
     rows = o_sizes[0] * o_sizes[1] * j_size
     cols = i_sizes[0] * i_sizes[1]
     # the CPU interpreter runs programs one after another: there, fewer is faster
-    block_r, block_c = _tile(rows, cols, j_size, 0 if a.device.type == "cpu" else MIN_PROGRAMS, a.element_size())
-    if mode == INDEX_SEARCH:  # each row compares with every index entry: one step of SEARCH_LANES a program
-        block_r = min(block_r, max(SEARCH_LANES // next_pow2(divisor), 1))
+    policy = _policy()
+    block_r, block_c = _tile(rows, cols, j_size, 0 if a.device.type == "cpu" else policy.min_programs,
+                             a.element_size(), policy)
+    if mode == INDEX_SEARCH:  # each row compares with every index entry: one step of search_lanes a program
+        block_r = min(block_r, max(policy.search_lanes // next_pow2(divisor), 1))
     col_tiles = cdiv(cols, block_c)
     tiles = cdiv(rows, block_r) * col_tiles
     a_unit, b_unit = _unit_inner(i_sizes, i_a), _unit_inner(i_sizes, i_b)
@@ -437,18 +405,19 @@ def plan_index(a: torch.Tensor, b: torch.Tensor, dim: int, index: torch.Tensor, 
                   "A_LINEAR": a_linear, "A_UNIT": a_unit, "B_UNIT": b_unit, "ALIGNED": aligned,
                   "FALLBACK": fallback, "ROWS": _rows_form(o_sizes, j_size, block_r),
                   "WHOLE_TILES": rows % block_r == 0 and cols % block_c == 0,
-                  "SEARCH": min(next_pow2(divisor), max(SEARCH_LANES // block_r, 1)) if mode == INDEX_SEARCH else 1}
+                  "SEARCH": min(next_pow2(divisor), max(policy.search_lanes // block_r, 1)) if mode == INDEX_SEARCH
+                  else 1}
     scalars = (o_sizes[0], o_sizes[1], j_size, rows, i_sizes[1], cols, col_tiles, b.shape[dim],
                o_a[0], o_a[1], a_st[dim], i_a[0], i_a[1], o_b[0], o_b[1], b_st[dim], i_b[0], i_b[1],
                index.stride(0) if index.dim() else 0, max(divisor, 1))
-    if mode == INDEX_SEARCH:  # a warp per ELEMENTS_PER_WARP comparisons too (one warp was 2x slower)
-        work, most = block_r * max(block_c, constexprs["SEARCH"]), NUM_WARPS
-    elif block_r <= FEW_ROWS and block_c * a.element_size() >= WIDE_ROW_BYTES:
-        work, most = block_r * block_c, FEW_ROWS_WARPS
+    if mode == INDEX_SEARCH:  # a warp per elements_per_warp comparisons too (one warp was 2x slower)
+        work, most = block_r * max(block_c, constexprs["SEARCH"]), policy.num_warps
+    elif block_r <= policy.few_rows and block_c * a.element_size() >= policy.wide_row_bytes:
+        work, most = block_r * block_c, policy.few_rows_warps
     else:
         work = block_r * block_c
-        most = MERGED_GATHER_WARPS if fallback == FALLBACK_TENSOR and block_c == 1 else NUM_WARPS
-    warps = max(min(most, work // ELEMENTS_PER_WARP), 1)
+        most = policy.merged_gather_warps if fallback == FALLBACK_TENSOR and block_c == 1 else policy.num_warps
+    warps = max(min(most, work // policy.elements_per_warp), 1)
     return IndexPlan(scalars, (tiles,), _launcher(warps, **constexprs))
 
 
@@ -488,6 +457,7 @@ def _needs_int64(a: torch.Tensor, b: torch.Tensor, index: torch.Tensor, work: in
 
 #: Plans per geometry: planning costs ~10 µs of Python, a cached launch ~3 µs.
 _PLANS: dict[tuple, IndexPlan | None] = {}
+context.on_reset(_PLANS.clear)  # plans hold the policy's tiles: a new context (new tuning) drops them
 
 
 def index_along_dim(a: torch.Tensor, b: torch.Tensor, dim: int, index: torch.Tensor, scatter: bool,
@@ -517,6 +487,7 @@ _EITHER_CONSTEXPRS = ("BLOCK_R", "BLOCK_C", "INT64", "A_LINEAR", "A_UNIT", "B_UN
 _EITHER_LAUNCHERS: dict[tuple, FastLauncher] = {}
 #: Per geometry: the two plans' launcher, grid and runtime scalars (None: a layout is unsupported).
 _EITHER_PLANS: dict[tuple, tuple[FastLauncher, tuple[int], tuple[int, ...]] | None] = {}
+context.on_reset(_EITHER_PLANS.clear)
 
 
 def _plan_either(dest: torch.Tensor, source: torch.Tensor, dim: int, index: torch.Tensor,

@@ -138,8 +138,64 @@ class GroupNormPolicy:
         return policy
 
 
+@dataclass(frozen=True)
+class GatherScatterPolicy:
+    """Tiles and warps of the gather/scatter kernels along one dimension (``Tuning("gather_scatter", {...})``).
+
+    Used by ``index_select``, ``index_copy``, ``repeat_interleave``'s expand
+    (:mod:`flaggems.toolkit.indexing`).
+
+    Attributes:
+        tile: elements per ``[BLOCK_R, BLOCK_C]`` tile.
+        max_cols: widest column block.
+        num_warps: warps per program (at most; small tiles get fewer).
+        min_programs: a grid of fewer tiles gets smaller tiles (down to ``min_tile`` elements).
+        min_tile: smallest tile the shrinking goes to.
+        elements_per_warp: one warp per this many elements of a small tile.
+        wide_row_bytes: rows this wide (bytes) or wider hold ``wide_tile_bytes`` a tile, whatever the dtype.
+        wide_tile_bytes: bytes per tile of wide rows.
+        few_rows: a wide tile of at most this many rows runs ``few_rows_warps`` warps.
+        few_rows_warps: warps of such a tile.
+        merged_gather_warps: warps of a one-column gather that merges a fallback load.
+        search_lanes: row-and-entry pairs a search tile compares per step.
+    """
+
+    # H200 sweeps behind these values (RESULTS.md runs 7, 8, 13-15): tile 4096/8192/16384 x max_cols
+    # 1024/4096 x 4/8 warps, best or within 3% of best on every seed shape but one; two rows of 2 KiB a
+    # tile 3% faster (index_select [4096, 4096] fp16 dim 0 14.56 -> 14.14 µs); 4 warps for two rows of
+    # 8 KiB 6% faster (14.02 -> 13.12 µs); 16 warps for the merged one-column gather 21% faster sorted
+    # (64.2 -> 50.5 µs), 12% slower random; search lanes 1024 vs 4096 no clear winner (11 shapes).
+    tile: int = 4096
+    max_cols: int = 4096
+    num_warps: int = 8
+    min_programs: int = 1024
+    min_tile: int = 1024
+    elements_per_warp: int = 256
+    wide_row_bytes: int = 2048
+    wide_tile_bytes: int = 16384
+    few_rows: int = 2
+    few_rows_warps: int = 4
+    merged_gather_warps: int = 16
+    search_lanes: int = 4096
+
+    @classmethod
+    def from_values(cls, values: Mapping[str, Any]) -> GatherScatterPolicy:
+        """Build a policy from a tuning mapping; raises ``ValueError`` on unknown fields or bad values."""
+        unknown_fields("gather_scatter", cls, values)
+        policy = cls(**{name: int(value) for name, value in values.items()})
+        for name in ("tile", "max_cols", "num_warps", "min_tile", "elements_per_warp", "wide_tile_bytes",
+                     "few_rows_warps", "merged_gather_warps", "search_lanes"):
+            _power_of_two("gather_scatter", name, getattr(policy, name))
+        for name, least in (("min_programs", 0), ("few_rows", 0), ("wide_row_bytes", 1)):
+            if getattr(policy, name) < least:
+                raise ValueError(f"tuning gather_scatter.{name}={getattr(policy, name)}: "
+                                 f"expected an integer >= {least}")
+        return policy
+
+
 #: Tuning key -> the launch policy its values configure (kernel families register theirs).
-POLICIES: dict[str, type] = {KEY: ElementwisePolicy, "group_norm": GroupNormPolicy}
+POLICIES: dict[str, type] = {KEY: ElementwisePolicy, "group_norm": GroupNormPolicy,
+                             "gather_scatter": GatherScatterPolicy}
 _FAMILY_POLICIES: dict[str, Any] = {}
 
 
