@@ -95,13 +95,17 @@ def routes(op: str | None = None) -> list[dict[str, Any]]:
     """Per op: the implementation chain, the one chosen first, and why.
 
     Shows the routes in force when enabled, otherwise those ``enable()`` would
-    install. ``op`` narrows the answer to one operator.
+    install. ``op`` narrows the answer to one operator. ``declined`` counts
+    the declines seen since ``enable()``, by implementation and reason (calls
+    on the Python entry; layouts first seen, under the compiled entry).
     """
+    from .binding import declines_of
     from .policy import normalize_op
 
     table = _runtime().routes()
     wanted = None if op is None else normalize_op(op)
-    return [route.as_dict() for name, route in table.items() if wanted in (None, name)]
+    return [{**route.as_dict(), "declined": declines_of(name)} for name, route in table.items()
+            if wanted in (None, name)]
 
 
 def info() -> dict[str, Any]:

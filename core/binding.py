@@ -13,6 +13,7 @@ interpreter calls ``copy_`` on CPU tensors, for example) goes native too.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import threading
 import warnings
@@ -175,6 +176,24 @@ def _decline_reason(verdict: Any) -> str:
     return verdict if isinstance(verdict, str) else "supports() returned False"
 
 
+#: Declines seen since the last ``enable()``: ``(op, implementation, reason) -> count``. The Python entry
+#: counts calls; under the compiled entry a key planned native is counted once (its later calls replay
+#: the native plan in C++, counted per op in ``plan_stats()``).
+DECLINES: collections.Counter[tuple[str, str, str]] = collections.Counter()
+
+
+def note_decline(op: str, label: str, reason: str) -> None:
+    """Count one decline (decline paths only: the served path never calls it)."""
+    DECLINES[(op, label, reason)] += 1
+
+
+def declines_of(op: str) -> list[dict[str, Any]]:
+    """``op``'s declines so far, most frequent first: ``{"impl", "reason", "count"}``."""
+    rows = [{"impl": label, "reason": reason, "count": count}
+            for (name, label, reason), count in DECLINES.items() if name == op]
+    return sorted(rows, key=lambda row: -row["count"])
+
+
 def build_entry(op: str, chain: Sequence[ResolvedLink], native: NativeKernel,
                 channels: frozenset[str]) -> Callable[..., Any]:
     """Build the per-op entry point registered with the dispatcher.
@@ -184,7 +203,7 @@ def build_entry(op: str, chain: Sequence[ResolvedLink], native: NativeKernel,
     """
     busy: set[int] = set()  # threads currently inside this op's implementation
     if len(chain) == 1 and chain[0].supports is None and not channels:
-        return _build_single_entry(chain[0].fn, native, busy)
+        return _build_single_entry(op, chain[0], native, busy)
     return _build_chain_entry(op, tuple(chain), native, channels, busy)
 
 
@@ -222,7 +241,8 @@ def goes_native_test(native: NativeKernel) -> Callable[[tuple], bool]:
     return goes_native
 
 
-def _build_single_entry(fn: Callable[..., Any], native: NativeKernel, busy: set[int]) -> Callable[..., Any]:
+def _build_single_entry(op: str, link: ResolvedLink, native: NativeKernel, busy: set[int]) -> Callable[..., Any]:
+    fn, label = link.fn, link.label
     get_ident = threading.get_ident
     native_threads = _NATIVE_THREADS
     slot, other_slots = _number_check(native)
@@ -236,8 +256,8 @@ def _build_single_entry(fn: Callable[..., Any], native: NativeKernel, busy: set[
         busy.add(me)
         try:
             return fn(*args, **kwargs)
-        except Decline:
-            pass
+        except Decline as exc:
+            note_decline(op, label, exc.reason)
         finally:
             busy.discard(me)
         return native(*args, **kwargs)
@@ -274,12 +294,15 @@ def _build_chain_entry(op: str, chain: tuple[ResolvedLink, ...], native: NativeK
                 if link.supports is not None:
                     verdict = link.supports(*args, **kwargs)
                     if verdict is not True:
+                        reason = _decline_reason(verdict)
+                        note_decline(op, link.label, reason)
                         if fallback_log:
-                            fallback_log.info("%s: %s declined: %s", op, link.label, _decline_reason(verdict))
+                            fallback_log.info("%s: %s declined: %s", op, link.label, reason)
                         continue
                 try:
                     result = link.fn(*args, **kwargs)
                 except Decline as exc:
+                    note_decline(op, link.label, exc.reason)
                     if fallback_log:
                         fallback_log.info("%s: %s declined: %s", op, link.label, exc.reason)
                     continue
@@ -328,6 +351,7 @@ class Binding:
         """
         from .planner import build_planner
 
+        DECLINES.clear()
         prepared = []
         for op, route in routes.items():
             if not route.chain:
@@ -342,7 +366,7 @@ class Binding:
             for op, key, chain, entry, native in prepared:
                 name, _, overload = op.partition(".")
                 registry.add(f"aten::{name}", overload, key, entry,
-                             build_planner(chain, native, goes_native_test(native)), PLAN_CAPACITY)
+                             build_planner(chain, native, goes_native_test(native), op), PLAN_CAPACITY)
             registry.register_all()
             self.registry = registry
         else:

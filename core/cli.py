@@ -40,6 +40,8 @@ def _print_routes(rows: list[dict[str, Any]]) -> None:
         print(f"  chosen: {row['chosen']}  source: {row['source']}  ({row['reason']})")
         if row["declines"]:
             print(f"  may decline per call: {', '.join(row['declines'])}")
+        for seen in row.get("declined", []):
+            print(f"  declined x{seen['count']}: {seen['impl']}: {seen['reason']}")
         for note in row["notes"]:
             print(f"  note: {note}")
 

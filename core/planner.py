@@ -124,19 +124,20 @@ def replay_spec(recording: rec_mod.Recording, result: Any, *, graph_free: bool =
     return ("replay", allocations, tuple(recording.steps), tuple(returns))
 
 
-def build_planner(chain: Sequence[Any], native: Callable[..., Any],
-                  goes_native: Callable[[tuple], bool]) -> Callable[[tuple, dict, tuple], tuple[Any, Any]]:
+def build_planner(chain: Sequence[Any], native: Callable[..., Any], goes_native: Callable[[tuple], bool],
+                  op: str = "") -> Callable[[tuple, dict, tuple], tuple[Any, Any]]:
     """The planner of one op: ``planner(args, kwargs, inputs) -> (result, plan or None)``.
 
     ``chain`` holds the op's resolved links (``fn``, ``supports``) in order,
     ``native`` the captured native kernel, ``goes_native`` the entry's test of
-    Python numbers in Tensor slots (those calls are native whatever the key).
+    Python numbers in Tensor slots (those calls are native whatever the key);
+    declines are counted under ``op`` (:func:`flaggems.binding.note_decline`).
     """
     def planner(args: tuple, kwargs: dict, inputs: tuple) -> tuple[Any, Any]:
         if goes_native(args):
             return native(*args, **kwargs), NATIVE_PLAN
         with rec_mod.recording(inputs) as recording, _Watch(recording), autograd.planning() as planned:
-            result, served = _run_chain(chain, args, kwargs)
+            result, served = _run_chain(chain, args, kwargs, op)
         if served is not None:
             if not served.replayable:
                 return result, PYTHON_PLAN
@@ -216,15 +217,21 @@ def backward_entry(derivative: autograd.Derivative) -> tuple[Callable[..., Any],
 _BACKWARDS: dict[autograd.Derivative, tuple[Callable[..., Any], Callable[..., Any]]] = {}
 
 
-def _run_chain(chain: Sequence[Any], args: tuple, kwargs: dict) -> tuple[Any, Any]:
+def _run_chain(chain: Sequence[Any], args: tuple, kwargs: dict, op: str = "") -> tuple[Any, Any]:
     """``(result, the link that served)``, or ``(None, None)`` when every link declined."""
-    from .binding import Decline
+    from .binding import Decline, _decline_reason, note_decline
 
     for link in chain:
-        if link.supports is not None and link.supports(*args, **kwargs) is not True:
-            continue
+        if link.supports is not None:
+            verdict = link.supports(*args, **kwargs)
+            if verdict is not True:
+                if op:
+                    note_decline(op, link.label, _decline_reason(verdict))
+                continue
         try:
             return link.fn(*args, **kwargs), link
-        except Decline:
+        except Decline as exc:
+            if op:
+                note_decline(op, link.label, exc.reason)
             continue
     return None, None

@@ -1071,3 +1071,18 @@ def test_gather_scatter_tiles_come_from_the_typed_policy(monkeypatch):
         tuning.check_tuning("gather_scatter", {"max_col": 1024})
     with pytest.raises(ValueError, match="gather_scatter.tile=1000: expected a power of two"):
         tuning.check_tuning("gather_scatter", {"tile": 1000})
+
+
+def test_high_rank_layouts_decline_with_a_counted_reason():
+    """A layout the index kernels cannot collapse to 2 outer + 2 inner dimensions goes native, and
+    ``flaggems.routes()`` says so with a count (the reason is also in the fallback log)."""
+    x = torch.randn(3, 4, 5, 6, 7, 2)[:, ::2, :, ::2, :, :].permute(0, 3, 1, 4, 2, 5)  # no two dims merge
+    index = torch.tensor([0, 2, 1])
+    with native_scope():
+        expected = x.index_select(4, index)
+    with flaggems.enabled():
+        for _ in range(3):
+            assert torch.equal(x.index_select(4, index), expected)
+        row = flaggems.routes("index_select")[0]
+    seen = [d for d in row["declined"] if "more than 2 outer or 2 inner" in d["reason"]]
+    assert seen and seen[0]["impl"] == row["chosen"] and seen[0]["count"] >= 1, row["declined"]

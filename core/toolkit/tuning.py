@@ -98,6 +98,19 @@ def _power_of_two(key: str, name: str, value: int) -> None:
         raise ValueError(f"tuning {key}.{name}={value}: expected a power of two")
 
 
+def _integer_policy(cls: type, key: str, values: Mapping[str, Any], powers_of_two: tuple[str, ...],
+                    minimums: Mapping[str, int]) -> Any:
+    """A policy of integer fields: unknown fields, non-powers of two and values below a minimum raise."""
+    unknown_fields(key, cls, values)
+    policy = cls(**{name: int(value) for name, value in values.items()})
+    for name in powers_of_two:
+        _power_of_two(key, name, getattr(policy, name))
+    for name, least in minimums.items():
+        if getattr(policy, name) < least:
+            raise ValueError(f"tuning {key}.{name}={getattr(policy, name)}: expected an integer >= {least}")
+    return policy
+
+
 @dataclass(frozen=True)
 class GroupNormPolicy:
     """Tiles and grid of the group_norm reductions (``Tuning("group_norm", {...})``).
@@ -128,14 +141,9 @@ class GroupNormPolicy:
     @classmethod
     def from_values(cls, values: Mapping[str, Any]) -> GroupNormPolicy:
         """Build a policy from a tuning mapping; raises ``ValueError`` on unknown fields or bad values."""
-        unknown_fields("group_norm", cls, values)
-        policy = cls(**{name: int(value) for name, value in values.items()})
-        for name in ("tile", "num_warps", "finalize_tile", "param_tile", "param_min_channels"):
-            _power_of_two("group_norm", name, getattr(policy, name))
-        for name, least in (("max_chunks", 1), ("programs_per_sm", 1), ("fuse_limit", 0)):
-            if getattr(policy, name) < least:
-                raise ValueError(f"tuning group_norm.{name}={getattr(policy, name)}: expected an integer >= {least}")
-        return policy
+        return _integer_policy(cls, "group_norm", values,
+                               ("tile", "num_warps", "finalize_tile", "param_tile", "param_min_channels"),
+                               {"max_chunks": 1, "programs_per_sm": 1, "fuse_limit": 0})
 
 
 @dataclass(frozen=True)
@@ -181,16 +189,10 @@ class GatherScatterPolicy:
     @classmethod
     def from_values(cls, values: Mapping[str, Any]) -> GatherScatterPolicy:
         """Build a policy from a tuning mapping; raises ``ValueError`` on unknown fields or bad values."""
-        unknown_fields("gather_scatter", cls, values)
-        policy = cls(**{name: int(value) for name, value in values.items()})
-        for name in ("tile", "max_cols", "num_warps", "min_tile", "elements_per_warp", "wide_tile_bytes",
-                     "few_rows_warps", "merged_gather_warps", "search_lanes"):
-            _power_of_two("gather_scatter", name, getattr(policy, name))
-        for name, least in (("min_programs", 0), ("few_rows", 0), ("wide_row_bytes", 1)):
-            if getattr(policy, name) < least:
-                raise ValueError(f"tuning gather_scatter.{name}={getattr(policy, name)}: "
-                                 f"expected an integer >= {least}")
-        return policy
+        return _integer_policy(cls, "gather_scatter", values,
+                               ("tile", "max_cols", "num_warps", "min_tile", "elements_per_warp", "wide_tile_bytes",
+                                "few_rows_warps", "merged_gather_warps", "search_lanes"),
+                               {"min_programs": 0, "few_rows": 0, "wide_row_bytes": 1})
 
 
 #: Tuning key -> the launch policy its values configure (kernel families register theirs).
