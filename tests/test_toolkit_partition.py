@@ -18,12 +18,14 @@ CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @pytest.fixture
 def small(monkeypatch):
     """64-pair blocks, 3 programs looping over them, 16-element probe windows, no size threshold."""
-    settings = {"BLOCK": 64, "PROGRAMS": 3, "WINDOW": 16, "SCATTER_BLOCK": 32, "MIN_INDICES": 1,
-                "MIN_DEST_BYTES": 1, "_LAUNCHERS": {}}
-    for name, value in settings.items():
-        monkeypatch.setattr(part, name, value)
-    set_kernel_context(monkeypatch, grouped_scatter=True)
+    use_small_policy(monkeypatch)
     return part
+
+
+def use_small_policy(monkeypatch, **changes) -> None:
+    values = {"block": 64, "programs": 3, "window": 16, "scatter_block": 32, "min_dest_bytes": 1, **changes}
+    set_kernel_context(monkeypatch, grouped_scatter=True,
+                       tuning=lambda key: values if key == "grouped_scatter" else {})
 
 
 def reference(dest: torch.Tensor, index: torch.Tensor, source: torch.Tensor) -> torch.Tensor:
@@ -58,7 +60,7 @@ def test_exact_and_the_probe_chooses(small, bits, dtype, kind, grouped, size, n)
     assert torch.equal(dest, expected)
     # A handful of indices touch few regions whatever their order; regions smaller than a window
     # (4 elements at 4 bits for 1000) make even a local index touch many.
-    if n >= 64 and (grouped or 1 << part.region_shift(size, bits) >= part.WINDOW):
+    if n >= 64 and (grouped or 1 << part.region_shift(size, bits) >= part.policy().window):
         assert int(state[0]) == grouped
 
 
@@ -81,10 +83,10 @@ def test_a_block_of_one_digit_ranks_without_carries(small, monkeypatch, bits, di
     The digits are the top field of a word, or the last word's (16-bit fields
     for 3 bits, 10-bit ones for 4).
     """
-    monkeypatch.setattr(part, "BLOCK", 512)
+    use_small_policy(monkeypatch, block=512)
     size, blocks = 1 << 14, 3
     shift = part.region_shift(size, bits)
-    n = blocks * part.BLOCK
+    n = blocks * part.policy().block
     gen = torch.Generator().manual_seed(digit)
     index = ((torch.randint(0, 1 << bits, (n,), generator=gen) << (shift + bits)) + (digit << shift)
              + torch.randint(0, 1 << shift, (n,), generator=gen)).to(DEV)
@@ -143,7 +145,7 @@ def test_two_passes_group_the_pairs_by_region(small, bits):
     source = torch.arange(float(n), device=DEV)
     shift = part.region_shift(size, bits)
     state = torch.ones(1, dtype=torch.int32, device=DEV)
-    counts = torch.empty((1 << bits) * -(-n // part.BLOCK) + 1, dtype=torch.int32, device=DEV)
+    counts = torch.empty((1 << bits) * -(-n // part.policy().block) + 1, dtype=torch.int32, device=DEV)
     keys = [torch.empty(n, dtype=torch.int32, device=DEV) for _ in range(2)]
     values = [torch.empty(n, device=DEV) for _ in range(2)]
     part._partition(index, source, state, size, bits, shift, counts, keys[0], values[0])

@@ -7,7 +7,7 @@ and the plain scatter both take 34 ms on an H200 (fp16). The same pairs
 grouped by destination region (random inside each region) take 9.1-12.0 ms
 for 2-32 MiB regions: a region fits in the L2 cache, which merges the partial
 sectors before writing them back (benchmarks/RESULTS.md, runs 7 and 11). So
-grouping pays where each sector takes several stores (``MIN_SECTOR_STORES``):
+grouping pays where each sector takes several stores (``min_sector_stores``):
 run 12, [2^30] random half in place, 20.8 against torch's 34.0 ms (fp16),
 28.7 against 34.4 (fp32).
 
@@ -15,19 +15,19 @@ run 12, [2^30] random half in place, 20.8 against torch's 34.0 ms (fp16),
 device (``bits`` from ``DIGIT_BITS``: the fewest whose regions fit the L2
 cache), as a two-pass least-significant-digit radix partition, then scatters:
 
-1. **probe** (one program): samples ``WINDOWS`` windows of the index and
+1. **probe** (one program): samples ``windows`` windows of the index and
    counts the regions each touches. A sorted or local index touches few, and
    the plain scatter already writes it in order: the flag it writes says so,
    and the partition launches do nothing.
 2. **two passes, each: count, then partition** by one ``bits``-wide digit of
    the region (the low digit first; the second pass keeps the first's order
    within a digit, so the result is grouped by the whole region). The count
-   stores, per block of ``BLOCK`` pairs, how many have each digit;
+   stores, per block of ``block`` pairs, how many have each digit;
    ``torch.cumsum`` turns the counts into each (digit, block)'s first slot.
    The partition ranks each pair among the block's pairs with its digit and
    writes (index as int32, value) there. The rank is an exclusive prefix
    count, several digits packed in the fields of an int32 word.
-3. **scatter** (one program per ``SCATTER_BLOCK`` slots, in slot order, so the
+3. **scatter** (one program per ``scatter_block`` slots, in slot order, so the
    stores in flight fall in one or two regions): writes ``dest`` from the
    grouped pairs, or, where the probe said "local", straight from
    ``index``/``source``.
@@ -39,6 +39,9 @@ Why two passes of few digits rather than one of 64 regions (run 11, fp16
 [2^30]): one pass ranks 64 regions for 9 ms of compute beyond its 2.5 ms of
 memory traffic, and its writes, spread over 64 regions in 256-pair chunks,
 leave partial lines open in every region and cost 11 ms more (22.9 ms in all).
+
+Blocks, warps and thresholds are a typed launch policy
+(:class:`~.tuning.GroupedScatterPolicy`, tuning key ``grouped_scatter``).
 
 No host synchronisation. Out-of-range indices travel as key -1 and are not
 written, as by the plain scatter. Duplicate indices: one of the candidates
@@ -53,57 +56,37 @@ import torch
 import triton
 import triton.language as tl
 
-from . import context
+from . import context, tuning
 from .launch import FastLauncher
 from .layout import SECTOR_BYTES, cdiv
 
-#: Pairs a program counts and partitions at once (at most 2**FIELD_BITS - 1: the rank fields hold its counts).
-#: Run 12 ([2^30], both passes with their counts; fp16 3 bits / fp32 4 bits, ms): 512 pairs with
-#: 4 warps 9.8 / 13.5, with 2 warps 9.4 / 13.8, with 8 warps 13.1 / 19.9; 1024 with 4 warps
-#: 9.9 / 16.1, with 8 11.5 / 17.1; 2048 with 8 12.0 / 19.6. 256 pairs with 8-bit rank fields
-#: (fp16): 14.2-15.9.
-BLOCK = 512
-PARTITION_WARPS = 4
-#: Width of a rank field, by digit bits: a block's counts (up to BLOCK) stay below ``2**width``.
-#: Run 12 ([2^30], both passes): 3 bits (fp16) 9.37 ms with 16-bit fields (4 sums), 9.99 with
-#: 10-bit ones (3 sums); 4 bits (fp32) 13.01 with 16-bit (8 sums), 12.27 with 10-bit (6 sums).
+
+def policy() -> tuning.GroupedScatterPolicy:
+    """Blocks, warps and thresholds (tuning key ``grouped_scatter``; measured defaults documented there)."""
+    return tuning.policy("grouped_scatter")
+
+
+def min_indices() -> int:
+    """The fewest indices :func:`applies` can take (a cheap first test for callers: cached per context)."""
+    found = _MIN_INDICES.get("n")
+    if found is None:
+        p = policy()
+        found = _MIN_INDICES["n"] = p.min_dest_bytes // SECTOR_BYTES * p.min_sector_stores
+    return found
+
+
+_MIN_INDICES: dict[str, int] = {}
+context.on_reset(_MIN_INDICES.clear)
+
+#: Width of a rank field, by digit bits: a block's counts (up to the policy's ``block``, below 1024)
+#: stay below ``2**width``. Run 12 ([2^30], both passes): 3 bits (fp16) 9.37 ms with 16-bit fields
+#: (4 sums), 9.99 with 10-bit ones (3 sums); 4 bits (fp32) 13.01 with 16-bit (8 sums), 12.27 with 10-bit
+#: (6 sums).
 FIELD_BITS = {3: 16, 4: 10}
-#: Pipeline stages of the partition's block loop (run 11, masked loads: 15.9 -> 11.6 ms with two;
-#: run 12, unmasked: one or two, 9.8 ms).
-PARTITION_STAGES = 2
 #: Bits of the region a pass sorts by (two passes: ``4 ** bits`` regions): the fewest whose regions
 #: fit the L2 cache (``L2_SHARE``). More bits cost partition time (run 12, [2^30] fp16: both
 #: passes 9.8 ms with 3 bits, 15.0 with 4).
 DIGIT_BITS = (3, 4)
-#: Slots a scatter program writes; small, so the stores in flight stay within about one region.
-SCATTER_BLOCK = 1024
-#: Run 12 ([2^30] fp16 / fp32): 4 or 8 warps, 1024 or 2048 slots, 11.2-11.3 / 15.1-15.2 ms.
-SCATTER_WARPS = 4
-#: Run 12 ([2^30], both counts, fp16 / fp32): 16 warps 2.80 / 3.00 ms, 8 warps 2.00 / 2.19, 4 warps
-#: 1.75 / 1.95.
-COUNT_WARPS = 4
-#: Programs of the count and partition launches, which loop over blocks: an index the probe calls
-#: local leaves them nothing to do, and this many programs finding that out cost little. Run 11
-#: (fp16 [2^30], all launches): 2048 programs 26.5 ms, 4096 25.6, 8192 25.1. Run 12 (unmasked
-#: loads; both passes, fp16 / fp32): 2048 programs 10.6 / 15.5 ms, 4096 10.1 / 14.4, 8192
-#: 9.8 / 13.5, 16384 9.6 / 13.3.
-PROGRAMS = 16384
-#: The probe: windows sampled, elements per window.
-WINDOWS = 16
-WINDOW = 256
-#: The index is grouped when its windows touch, on average, more than 1/SPREAD_SHARE of the
-#: regions (a random index touches nearly all of them; a sorted one, one or two).
-SPREAD_SHARE = 4
-#: Grouping pays where each 32-byte sector of ``dest`` takes several stores, which the L2 cache
-#: merges (run 12, H200, random index against torch; stores a sector: speedup):
-#: [2^25] fp16 (64 MiB) 2: 0.74x, 4: 1.01x, 8: 1.27x; [2^24] fp32 2: 0.78x, 4: 1.07x;
-#: [2^26] uint8 2: 0.74x, 16: 1.39x; [2^28] fp16 0.25: 0.69x; [2^30] fp32 4: 1.22x, fp16 8: 1.64x,
-#: uint8 16: 1.87x, fp64 2: 0.87x. A destination the L2 cache holds gains nothing: [2^24] fp16
-#: (32 MiB) 4: 0.56x, 8: 0.54x.
-MIN_SECTOR_STORES = 4
-MIN_DEST_BYTES = 64 << 20
-#: Implied by the two above (a cheap first test for callers).
-MIN_INDICES = MIN_DEST_BYTES // SECTOR_BYTES * MIN_SECTOR_STORES
 #: Keys, counts and slots are int32.
 INT32_LIMIT = 2**31 - (1 << 24)
 #: Element sizes grouped: those measured faster (run 12). 8-byte elements were measured only at
@@ -275,6 +258,7 @@ def _scatter_block(grouped, keys, values, index, source, dest, j, n, index_strid
 
 
 _LAUNCHERS: dict[tuple[str, int], FastLauncher] = {}
+context.on_reset(_LAUNCHERS.clear)  # launchers hold the policy's blocks and warps
 
 
 def _launcher(name: str, bits: int = 0) -> FastLauncher:
@@ -287,16 +271,16 @@ def _launcher(name: str, bits: int = 0) -> FastLauncher:
 
 def _kernel_spec(name: str, bits: int) -> tuple[triton.JITFunction, dict[str, int], int]:
     """A launch's kernel, constexprs and warps (``bits``-wide digits)."""
-    digits = 1 << bits
+    digits, p = 1 << bits, policy()
     if name == "probe":
-        return _probe_kernel, {"WINDOWS": WINDOWS, "WINDOW": WINDOW, "REGIONS": digits * digits}, 4
+        return _probe_kernel, {"WINDOWS": p.windows, "WINDOW": p.window, "REGIONS": digits * digits}, 4
     if name == "count":
-        return _count_kernel, {"BINS": digits, "BLOCK": BLOCK}, COUNT_WARPS
+        return _count_kernel, {"BINS": digits, "BLOCK": p.block}, p.count_warps
     if name == "partition":
-        constexprs = {"BINS": digits, "BLOCK": BLOCK, "FIELD_BITS": FIELD_BITS[bits],
-                      "STAGES": PARTITION_STAGES}
-        return _partition_kernel, constexprs, PARTITION_WARPS
-    return _scatter_kernel, {"BLOCK": SCATTER_BLOCK}, SCATTER_WARPS
+        constexprs = {"BINS": digits, "BLOCK": p.block, "FIELD_BITS": FIELD_BITS[bits],
+                      "STAGES": p.partition_stages}
+        return _partition_kernel, constexprs, p.partition_warps
+    return _scatter_kernel, {"BLOCK": p.scatter_block}, p.scatter_warps
 
 
 def region_shift(size: int, bits: int) -> int:
@@ -334,24 +318,24 @@ def digit_bits(dest: torch.Tensor) -> int | None:
 def applies(dest: torch.Tensor, index: torch.Tensor) -> bool:
     """Whether :func:`grouped_scatter` takes this scatter.
 
-    A destination of ``MIN_DEST_BYTES`` or more whose sectors take at least
-    ``MIN_SECTOR_STORES`` stores each on average, small enough for int32 keys
+    A destination of ``min_dest_bytes`` or more whose sectors take at least
+    ``min_sector_stores`` stores each on average (the policy's), small enough for int32 keys
     and slots, an element size in ``ELEMENT_SIZES``, regions that fit the L2
     cache (:func:`digit_bits`), and ``FLAGGEMS_GROUPED_SCATTER`` on.
     """
-    n, size = index.numel(), dest.numel()
+    n, size, p = index.numel(), dest.numel(), policy()
     span = size * dest.stride(0) * dest.element_size()
     return (dest.element_size() in ELEMENT_SIZES and n < INT32_LIMIT and size < INT32_LIMIT
-            and span >= MIN_DEST_BYTES and n * SECTOR_BYTES >= MIN_SECTOR_STORES * span and enabled()
+            and span >= p.min_dest_bytes and n * SECTOR_BYTES >= p.min_sector_stores * span and enabled()
             and digit_bits(dest) is not None)
 
 
 def _partition(index: torch.Tensor, source: torch.Tensor, state: torch.Tensor, size: int, bits: int, shift: int,
                counts: torch.Tensor, keys: torch.Tensor, values: torch.Tensor) -> None:
     """One pass: the pairs grouped by digit ``(index >> shift) % 2**bits`` into ``keys``/``values``, in order."""
-    n = index.numel()
-    blocks = cdiv(n, BLOCK)
-    programs = (min(blocks, PROGRAMS),)
+    n, p = index.numel(), policy()
+    blocks = cdiv(n, p.block)
+    programs = (min(blocks, p.programs),)
     _launcher("count", bits)(programs, index, state, counts, n, index.stride(0), size, shift, blocks)
     slots = torch.cumsum(counts, 0, dtype=torch.int32)
     _launcher("partition", bits)(programs, index, source, state, slots, keys, values, n, index.stride(0),
@@ -373,16 +357,17 @@ def grouped_scatter(dest: torch.Tensor, index: torch.Tensor, source: torch.Tenso
     bits = bits or digit_bits(dest) or DIGIT_BITS[-1]
     try:  # all of it before the first launch: running out of memory leaves the scatter to the caller
         state = dest.new_empty(1, dtype=torch.int32)
-        counts = dest.new_empty((1 << bits) * cdiv(n, BLOCK) + 1, dtype=torch.int32)
+        counts = dest.new_empty((1 << bits) * cdiv(n, policy().block) + 1, dtype=torch.int32)
         keys = (dest.new_empty(n, dtype=torch.int32), dest.new_empty(n, dtype=torch.int32))
         values = (dest.new_empty(n), dest.new_empty(n))
     except torch.OutOfMemoryError:
         return None
     shift = region_shift(size, bits)
-    regions = min(1 << 2 * bits, cdiv(size, 1 << shift), WINDOW)
-    _launcher("probe", bits)((1,), index, state, n, index.stride(0), size, shift, WINDOWS * regions // SPREAD_SHARE)
+    p = policy()
+    regions = min(1 << 2 * bits, cdiv(size, 1 << shift), p.window)
+    _launcher("probe", bits)((1,), index, state, n, index.stride(0), size, shift, p.windows * regions // p.spread_share)
     _partition(index, source, state, size, bits, shift, counts, keys[0], values[0])
     _partition(keys[0], values[0], state, size, bits, shift + bits, counts, keys[1], values[1])
-    _launcher("scatter")((cdiv(n, SCATTER_BLOCK),), state, keys[1], values[1], index, source, dest, n,
+    _launcher("scatter")((cdiv(n, p.scatter_block),), state, keys[1], values[1], index, source, dest, n,
                          index.stride(0), source.stride(0), dest.stride(0), size)
     return state

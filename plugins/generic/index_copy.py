@@ -205,7 +205,7 @@ def _grouped(target: torch.Tensor, dim: int, index: torch.Tensor, source: torch.
     pays). Returns False (nothing done) for any other workload, or when its
     workspace cannot be allocated.
     """
-    if index.numel() < partition.MIN_INDICES or target.numel() != target.shape[dim]:
+    if index.numel() < partition.min_indices() or target.numel() != target.shape[dim]:
         return False  # the one test most calls pay: no view made
     flat = target.view(-1)
     return partition.applies(flat, index) and partition.grouped_scatter(flat, index, source.view(-1)) is not None
