@@ -1076,8 +1076,8 @@ def test_gather_scatter_tiles_come_from_the_typed_policy(monkeypatch):
 def test_high_rank_layouts_decline_with_a_counted_reason():
     """A layout the index kernels cannot collapse to 2 outer + 2 inner dimensions goes native, and
     ``flaggems.routes()`` says so with a count (the reason is also in the fallback log)."""
-    x = torch.randn(3, 4, 5, 6, 7, 2)[:, ::2, :, ::2, :, :].permute(0, 3, 1, 4, 2, 5)  # no two dims merge
-    index = torch.tensor([0, 2, 1])
+    x = torch.randn(3, 4, 5, 6, 7, 2, device=DEV)[:, ::2, :, ::2, :, :].permute(0, 3, 1, 4, 2, 5)  # none merge
+    index = torch.tensor([0, 2, 1], device=DEV)
     with native_scope():
         expected = x.index_select(4, index)
     with flaggems.enabled():
