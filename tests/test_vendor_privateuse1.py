@@ -63,3 +63,61 @@ def test_compiled_entry_replays_on_privateuse1():
     assert stats["replay"] >= 1
     with native_scope():
         assert torch.equal(y.cpu(), x.cpu()[::2])
+
+
+@pytest.fixture
+def acme_on_the_npu(runtime, monkeypatch):
+    """The README's third-party plugin (examples/acme_gems), its device being the CPU-backed PrivateUse1 npu.
+
+    Only the backend record changes (an Acme device that presents itself as ``npu``); the plugin's
+    operators, cases, tuning and variables are the example's own.
+    """
+    import dataclasses
+    from pathlib import Path
+
+    from flaggems import ProbeResult, testing
+
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[1] / "examples" / "acme_gems" / "src"))
+    import acme_gems
+
+    import flaggems.plugins.generic as generic
+
+    monkeypatch.setattr(acme_gems, "ACME", dataclasses.replace(
+        acme_gems.ACME, device_type=NPU, probe=lambda: ProbeResult(True, "an Acme device seen as the fake npu")))
+    runtime.manager.register(generic, "generic")
+    runtime.manager.register(acme_gems, "acme")
+    runtime.declare_env_vars()
+    monkeypatch.setenv("FLAGGEMS_VENDOR", "acme")
+    monkeypatch.setattr(testing, "_LOADED", False)  # the kit reads the plugin's cases anew
+    yield runtime
+    from flaggems import config
+
+    config.REGISTRY.pop("FLAGGEMS_ACME_NEG_BLOCK", None)
+    import sys
+
+    sys.modules.pop("acme_gems", None)
+
+
+def test_a_third_party_plugin_passes_the_kit_on_privateuse1(acme_on_the_npu):
+    """The guide's plugin adds neg, tunes the shared copy kernel, and passes the kit on PrivateUse1."""
+    from flaggems import testing
+    from flaggems.toolkit import context, elementwise_policy
+
+    active = flaggems.backend()
+    assert (active.name, active.dispatch_key, active.simulated, active.interpreter) == (
+        "acme", "PrivateUse1", False, True)
+    (route,) = flaggems.routes("neg")
+    assert route["chosen"] == "acme"
+    items = testing.collect(["neg"])
+    assert items and {i.label for i in items} == {"acme"}
+    outcomes = {i.case.name: testing.check(i) for i in items}
+    assert outcomes.pop("transposed").startswith("declined")  # its supports() sends it on; native serves it
+    assert set(outcomes.values()) == {"ok"}, outcomes
+    context.reset()
+    assert elementwise_policy().max_ctas == 12  # its tuning, read by the shared kernel
+    x = torch.randn(40, 24, device=NPU)
+    with flaggems.enabled():
+        y, z = x.t().contiguous(), torch.neg(x)
+    with native_scope():
+        assert y.device.type == NPU and torch.equal(y.cpu(), x.cpu().t().contiguous())
+        assert torch.equal(z.cpu(), -x.cpu())
