@@ -1,9 +1,10 @@
 """flaggems plugin for Huawei Ascend NPUs.
 
 Ascend devices reach torch through ``torch_npu``, which registers the ``npu``
-device type on the ``PrivateUse1`` dispatch key. This module only describes
-the backend; its probe lives in :mod:`flaggems_ascend.probe` and is imported
-lazily, when the core selects a backend.
+device type on the ``PrivateUse1`` dispatch key. This module describes
+the backend (its probe and device facts live in :mod:`flaggems_ascend.probe`,
+imported when the core selects a backend) and offers Ascend's index_copy
+kernels (:mod:`flaggems_ascend.index_copy`, imported at ``enable()``).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ ASCEND = Backend(
     dispatch_key="PrivateUse1",
     probe="flaggems_ascend.probe:probe",
     description="Huawei Ascend NPUs through torch_npu",
+    facts="flaggems_ascend.probe:facts",
 )
 
 
@@ -28,5 +30,8 @@ def flaggems_backends() -> tuple[Backend, ...]:
 
 @hookimpl
 def flaggems_operators(backend: Backend) -> tuple[OpImpl, ...]:
-    """Ascend-specific implementations (none yet: operators come in later issues)."""
-    return ()
+    """Ascend's index_copy kernels (:mod:`flaggems_ascend.index_copy`), tried before the generic ones."""
+    common = {"vendor": "ascend", "supports": "flaggems_ascend.index_copy:supports", "replayable": True,
+              "dtypes": ("float16", "bfloat16", "float32", "ints", "bool")}
+    return (OpImpl("index_copy_", "flaggems_ascend.index_copy:index_copy_", **common),
+            OpImpl("index_copy", "flaggems_ascend.index_copy:index_copy", **common))

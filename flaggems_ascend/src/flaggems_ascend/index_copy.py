@@ -1,0 +1,163 @@
+"""``index_copy_`` / ``index_copy`` on Ascend NPUs: torch's semantics from :mod:`flaggems.fronts.index_copy`.
+
+The target is viewed as ``[outer, dim_size, inner]`` (the dimensions before,
+at and after ``dim``) and ``source`` as ``[outer, n, inner]``; row ``j`` of
+``source`` goes to row ``index[j]``. Two kernels, both looping over their
+tiles with a grid capped at the device's AI-core count (Ascend runs one
+program per core; more programs only queue):
+
+* **flat** (``inner <= 4``): one source element per lane, its destination
+  computed from its ``(o, j, i)`` coordinates; the block grows with the
+  workload (short rows leave a row kernel's lanes mostly idle);
+* **rows** (wider suffixes): ``[BLOCK_R, BLOCK_C]`` tiles of whole rows, each
+  row's destination found once from ``index``.
+
+Offsets are 64-bit and the sizes are runtime arguments (no compile per
+shape). An index outside ``[0, dim_size)`` is never written (the generic
+op's contract: ``FLAGGEMS_CHECK_INDICES=1`` raises torch's IndexError first).
+Nothing launches for an empty index or empty rows.
+
+Contract: the target (``self`` in place; the fresh contiguous result out of
+place) must be contiguous: a strided ``self`` in place declines to the next
+implementation (the generic kernels, which take any layout). A strided
+``source`` is made contiguous first (one copy). float64 declines (Ascend
+computes none; :func:`supports`).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from flaggems import Decline
+from flaggems.fronts import index_copy as front
+from flaggems.toolkit import context
+from flaggems.toolkit.launch import FastLauncher
+from flaggems.toolkit.layout import cdiv, next_pow2
+from flaggems.toolkit.strided import strided_copy
+
+#: Programs when the backend reports no AI-core count (an Ascend 910B has 24 AI cores).
+DEFAULT_CORES = 24
+#: The flat kernel serves rows of at most this many elements.
+FLAT_MAX_INNER = 4
+#: Flat-kernel block sizes: the workload's elements spread over the cores, within these bounds.
+FLAT_MIN_BLOCK, FLAT_MAX_BLOCK = 256, 4096
+#: Row-kernel tiles: elements per tile and widest column block.
+ROW_TILE, ROW_MAX_COLS = 4096, 1024
+
+_SCALARS = ("outer", "n", "inner", "dim_size", "total", "tiles", "col_tiles")
+
+
+@triton.jit(do_not_specialize=_SCALARS)
+def _flat_kernel(dst, src, index, outer, n, inner, dim_size, total, tiles, BLOCK: tl.constexpr):
+    """``dst[o, index[j], i] = src[o, j, i]`` one element per lane, tiles walked by a grid-stride loop."""
+    for tile in range(tl.program_id(0).to(tl.int64), tiles, tl.num_programs(0).to(tl.int64)):  # int64 offsets
+        e = tile * BLOCK + tl.arange(0, BLOCK)
+        live = e < total
+        i = e % inner
+        row = e // inner
+        j = row % n
+        o = row // n
+        idx = tl.load(index + j, mask=live, other=-1)
+        ok = live & (idx >= 0) & (idx < dim_size)
+        value = tl.load(src + e, mask=live)
+        tl.store(dst + (o * dim_size + idx) * inner + i, value, mask=ok)
+
+
+@triton.jit(do_not_specialize=_SCALARS)
+def _row_kernel(dst, src, index, outer, n, inner, dim_size, tiles, col_tiles,
+                BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr):
+    """``[BLOCK_R, BLOCK_C]`` tiles of whole source rows; each row's destination row read once."""
+    for tile in range(tl.program_id(0).to(tl.int64), tiles, tl.num_programs(0).to(tl.int64)):  # int64 offsets
+        rows = (tile // col_tiles) * BLOCK_R + tl.arange(0, BLOCK_R)
+        cols = (tile % col_tiles) * BLOCK_C + tl.arange(0, BLOCK_C)
+        live_r = rows < outer * n
+        j = rows % n
+        o = rows // n
+        idx = tl.load(index + j, mask=live_r, other=-1)
+        ok_r = live_r & (idx >= 0) & (idx < dim_size)
+        live_c = cols < inner
+        src_at = rows[:, None] * inner + cols[None, :]
+        dst_at = (o * dim_size + idx)[:, None] * inner + cols[None, :]
+        value = tl.load(src + src_at, mask=live_r[:, None] & live_c[None, :])
+        tl.store(dst + dst_at, value, mask=ok_r[:, None] & live_c[None, :])
+
+
+_LAUNCHERS: dict[tuple, FastLauncher] = {}
+context.on_reset(_LAUNCHERS.clear)
+
+
+def _launcher(kernel: object, **constexprs: int) -> FastLauncher:
+    key = (kernel, *sorted(constexprs.items()))
+    found = _LAUNCHERS.get(key)
+    if found is None:
+        found = _LAUNCHERS[key] = FastLauncher(kernel, constexprs, num_warps=4)
+    return found
+
+
+def ai_cores(device: torch.device) -> int:
+    """The device's AI-core count from the backend's device facts (:data:`DEFAULT_CORES` when not reported)."""
+    found = context.current().facts(device.index or 0).multiprocessors
+    return found or DEFAULT_CORES
+
+
+def flat_block(total: int, cores: int) -> int:
+    """The flat kernel's block: the elements spread over ``cores`` programs, a power of two in bounds."""
+    return min(max(next_pow2(cdiv(total, cores)), FLAT_MIN_BLOCK), FLAT_MAX_BLOCK)
+
+
+def row_tile(inner: int) -> tuple[int, int]:
+    """``(BLOCK_R, BLOCK_C)`` of the row kernel for rows of ``inner`` elements."""
+    block_c = min(next_pow2(inner), ROW_MAX_COLS)
+    return max(ROW_TILE // block_c, 1), block_c
+
+
+def supports(self: torch.Tensor, dim: int, index: torch.Tensor, source: torch.Tensor) -> bool | str:
+    """float64 goes to the next implementation: Ascend NPUs compute no float64.
+
+    Declined on a simulated run too (a GPU or the CPU standing in for the NPU), so that it behaves as
+    the NPU would; the device facts of a real NPU say the same (``fp64=False``).
+    """
+    if self.dtype == torch.float64:
+        return "float64: Ascend NPUs compute no float64"
+    return True
+
+
+def scatter(call: front.Call) -> None:
+    """Write ``call.source``'s rows into ``call.target`` (see the module docstring for the contract)."""
+    self, dim, index, source, out = call.self, call.dim, call.index, call.source, call.out
+    if out is None and not self.is_contiguous():
+        raise Decline("self is not contiguous: the Ascend kernels address a dense target (generic serves it)")
+    if out is not None and out.numel():
+        strided_copy(out, self)
+    target = call.target
+    shape = target.shape
+    outer, dim_size, n = _prod(shape[:dim]), shape[dim], index.numel()
+    inner = _prod(shape[dim + 1:])
+    total = outer * n * inner
+    if total == 0:
+        return
+    src = source if source.is_contiguous() else source.contiguous()
+    cores = ai_cores(target.device)
+    if inner <= FLAT_MAX_INNER:
+        block = flat_block(total, cores)
+        tiles = cdiv(total, block)
+        _launcher(_flat_kernel, BLOCK=block)((min(tiles, cores),), target, src, index, outer, n, inner, dim_size,
+                                             total, tiles)
+        return
+    block_r, block_c = row_tile(inner)
+    col_tiles = cdiv(inner, block_c)
+    tiles = cdiv(outer * n, block_r) * col_tiles
+    _launcher(_row_kernel, BLOCK_R=block_r, BLOCK_C=block_c)((min(tiles, cores),), target, src, index, outer, n,
+                                                             inner, dim_size, tiles, col_tiles)
+
+
+def _prod(sizes: torch.Size) -> int:
+    out = 1
+    for s in sizes:
+        out *= s
+    return out
+
+
+index_copy_, index_copy = front.entries(scatter)

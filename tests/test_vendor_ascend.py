@@ -1,0 +1,191 @@
+"""flaggems-ascend's index_copy kernels (``flaggems_ascend.index_copy``).
+
+They run wherever the ``ascend`` backend is active: on the CPU-backed
+PrivateUse1 ``npu`` of ``tests/fakes`` (the ``ascend`` tox env), simulated on
+a GPU (``FLAGGEMS_VENDOR=ascend``), or on an NPU. The conformance kit runs
+them too (tests/test_conformance.py); these tests cover what the kit does not
+see: which kernel serves which shape, the AI-core grid cap, float64 and
+strided ``self`` declines, and 64-bit offsets.
+"""
+
+from __future__ import annotations
+
+import textwrap
+
+import pytest
+import torch
+from conftest import run_compiled
+
+import flaggems
+from flaggems.binding import native_scope
+
+pytestmark = pytest.mark.skipif(flaggems.backend().name != "ascend",
+                                reason="the ascend backend is not active (FLAGGEMS_VENDOR=ascend)")
+DEV = torch.device(flaggems.backend().device_type)
+
+
+@pytest.fixture
+def ascend():
+    """flaggems enabled with the ascend plugin's kernels; yields the kernel module."""
+    from flaggems_ascend import index_copy as kernels
+
+    with flaggems.enabled():
+        yield kernels
+
+
+def _spy(monkeypatch, kernels) -> list[str]:
+    """Names of the kernels launched (flat or rows) while the test runs."""
+    launched: list[str] = []
+    original = kernels._launcher
+
+    def spy(kernel, **constexprs):
+        launched.append("flat" if kernel is kernels._flat_kernel else "rows")
+        return original(kernel, **constexprs)
+
+    monkeypatch.setattr(kernels, "_launcher", spy)
+    return launched
+
+
+def _expected(x, dim, index, source):
+    with native_scope():
+        return x.cpu().index_copy(dim, index.cpu(), source.cpu())
+
+
+CASES = {  # (shape, dim, indices): inner size <= 4 takes the flat kernel, wider rows the row kernel
+    "vector": ((100,), 0, [3, 99, 0, 57]),
+    "last dim": ((64, 64), 1, list(range(0, 64, 2))),
+    "inner 3": ((10, 7, 3), 1, [6, 0, 2]),
+    "inner 4": ((5, 9, 4), 1, [8, 1]),
+    "inner 33": ((5, 6, 33), 1, [5, 0, 3]),
+    "rows of 512": ((40, 512), 0, [39, 1, 20, 7]),
+    "one row": ((1, 3, 70), 1, [2]),
+}
+
+
+@pytest.mark.parametrize("name", list(CASES))
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32, torch.int32, torch.bool])
+def test_both_kernels_equal_torch(ascend, monkeypatch, name, dtype):
+    shape, dim, indices = CASES[name]
+    launched = _spy(monkeypatch, ascend)
+    x = (torch.randn(shape) * 8).to(dtype).to(DEV)
+    index = torch.tensor(indices, device=DEV)
+    source_shape = list(shape)
+    source_shape[dim] = len(indices)
+    source = (torch.randn(source_shape) * 8).to(dtype).to(DEV)
+    expected = _expected(x, dim, index, source)
+    out = x.index_copy(dim, index, source)
+    inplace = x.clone()
+    assert inplace.index_copy_(dim, index, source) is inplace
+    assert torch.equal(out.cpu(), expected) and torch.equal(inplace.cpu(), expected)
+    inner = 1
+    for size in shape[dim + 1:]:
+        inner *= size
+    assert set(launched) == {"flat" if inner <= ascend.FLAT_MAX_INNER else "rows"}, launched
+
+
+def test_routes_choose_ascend_and_float64_declines_with_its_reason(ascend):
+    chosen = {r["op"]: r["chosen"] for r in flaggems.routes() if r["op"] in ("index_copy", "index_copy_")}
+    assert chosen == {"index_copy": "ascend", "index_copy_": "ascend"}
+    x = torch.randn(6, 5, dtype=torch.float64, device=DEV)
+    index, source = torch.tensor([4, 1], device=DEV), torch.randn(6, 2, dtype=torch.float64, device=DEV)
+    assert torch.equal(x.index_copy(1, index, source).cpu(), _expected(x, 1, index, source))
+    (row,) = flaggems.routes("index_copy")
+    assert any(d["impl"] == "ascend" and "float64" in d["reason"] for d in row["declined"]), row["declined"]
+
+
+def test_a_strided_self_in_place_goes_to_the_generic_kernels_and_a_strided_source_is_read(ascend, monkeypatch):
+    launched = _spy(monkeypatch, ascend)
+    base = torch.randn(8, 12, device=DEV)
+    view = base[:, ::2]  # not contiguous: declined, generic serves it
+    index, source = torch.tensor([5, 0], device=DEV), torch.randn(2, 8, device=DEV).t()  # strided source
+    expected = _expected(view, 1, index, source)
+    view.index_copy_(1, index, source)
+    assert torch.equal(view.cpu(), expected) and launched == []
+    out = torch.randn(8, 6, device=DEV).index_copy(1, index, source)  # out of place: the result is dense
+    assert launched == ["flat"] and out[:, 5].cpu().equal(source[:, 0].cpu())
+    (row,) = flaggems.routes("index_copy_")
+    assert any(d["impl"] == "ascend" and "not contiguous" in d["reason"] for d in row["declined"])
+
+
+def test_grid_is_capped_at_the_ai_cores_and_loops_over_the_tiles(ascend, monkeypatch):
+    monkeypatch.setattr(ascend, "ai_cores", lambda device: 2)
+    grids = []
+    original = ascend._launcher
+
+    def spy(kernel, **constexprs):
+        launcher = original(kernel, **constexprs)
+        return lambda grid, *args: (grids.append(grid), launcher(grid, *args))
+
+    monkeypatch.setattr(ascend, "_launcher", spy)
+    x = torch.zeros(300, 9, device=DEV)
+    index = torch.arange(299, -1, -1, device=DEV)
+    source = torch.randn(300, 9, device=DEV)
+    x.index_copy_(0, index, source)
+    y = torch.zeros(3000, device=DEV).index_copy(0, torch.arange(2999, -1, -1, device=DEV),
+                                                 torch.arange(3000.0, device=DEV))
+    assert grids == [(2,), (2,)]
+    assert torch.equal(x.cpu(), _expected(torch.zeros(300, 9), 0, index, source))
+    assert torch.equal(y.cpu(), torch.arange(2999.0, -1, -1))
+
+
+def test_block_and_tiles_follow_the_workload():
+    from flaggems_ascend import index_copy as kernels
+
+    assert kernels.flat_block(100, 24) == kernels.FLAT_MIN_BLOCK
+    assert kernels.flat_block(24 * 1000, 24) == 1024
+    assert kernels.flat_block(1 << 30, 24) == kernels.FLAT_MAX_BLOCK
+    assert kernels.row_tile(33) == (64, 64) and kernels.row_tile(5000) == (4, 1024)
+
+
+def test_empty_index_and_empty_rows_launch_nothing(ascend, monkeypatch):
+    launched = _spy(monkeypatch, ascend)
+    x = torch.randn(4, 5, device=DEV)
+    x.index_copy_(0, torch.tensor([], dtype=torch.long, device=DEV), torch.randn(0, 5, device=DEV))
+    y = torch.randn(4, 0, device=DEV).index_copy(0, torch.tensor([1], device=DEV), torch.randn(1, 0, device=DEV))
+    assert launched == [] and y.shape == (4, 0)
+
+
+def test_invalid_indices_are_never_written(ascend):
+    """With checking off (as on a device by default) an out-of-range index writes nothing; others land."""
+    from flaggems.toolkit import context
+
+    if context.current().checks:
+        pytest.skip("index checking is on here (the interpreter's contract): IndexError is raised first")
+    x = torch.zeros(6, 3, device=DEV)
+    x.index_copy_(0, torch.tensor([7, 2, -1], device=DEV), torch.ones(3, 3, device=DEV))
+    assert x.cpu().sum().item() == 3 and x[2].cpu().eq(1).all()
+
+
+@pytest.mark.parametrize("inner", [1, 64])
+def test_offsets_past_two_to_the_31(ascend, monkeypatch, inner):
+    """Rows beyond 2**31 elements of an int8 target: the flat (inner 1) and row (inner 64) kernels."""
+    launched = _spy(monkeypatch, ascend)
+    rows = (2**31 + 64 * 3) // inner
+    try:
+        x = torch.zeros(rows, inner, dtype=torch.int8, device=DEV)
+    except (RuntimeError, MemoryError):
+        pytest.skip("2 GiB not available")
+    index = torch.tensor([rows - 1, 5, rows - 2], device=DEV)
+    source = torch.arange(1, 3 * inner + 1, device=DEV).remainder(120).to(torch.int8).reshape(3, inner)
+    x.index_copy_(0, index, source)
+    assert torch.equal(x[index].cpu(), source.cpu()) and x[rows - 3].cpu().eq(0).all()
+    assert launched == ["flat" if inner == 1 else "rows"]
+
+
+def test_kernels_compile_for_the_gpu():
+    """Both kernels compile for sm_90 with runtime (unspecialised) sizes: the simulated GPU path."""
+    pytest.importorskip("triton.backends.nvidia.compiler")
+    script = textwrap.dedent("""
+        import triton
+        from triton.backends.compiler import GPUTarget
+        from triton.compiler import ASTSource
+        from flaggems_ascend import index_copy as k
+
+        for fn, constexprs in ((k._flat_kernel, {"BLOCK": 1024}), (k._row_kernel, {"BLOCK_R": 4, "BLOCK_C": 1024})):
+            sig = {p.name: "constexpr" if p.name in constexprs else
+                   {"dst": "*fp16", "src": "*fp16", "index": "*i64"}.get(p.name, "i64") for p in fn.params}
+            src = ASTSource(fn, signature=sig, constexprs=constexprs)
+            triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4})
+        print("ok")
+    """)
+    run_compiled(script)
