@@ -190,7 +190,7 @@ def probe_repeat_host() -> None:
             RESULTS[f"repeat host {label} {side}"] = row
             print(f"repeat host {label:28s} {side:5s} " + " ".join(f"{k}={v:.2f}" for k, v in row.items()),
                   flush=True)
-    status_words = triton.cdiv(rows, ri.CHUNK)
+    status_words = triton.cdiv(rows, ri._kernels(repeats.device).chunk)
     parts = {
         "routed": lambda: torch.repeat_interleave(repeats, output_size=items),
         "direct function": lambda: ri.repeat_interleave_tensor(repeats, items),
@@ -292,10 +292,11 @@ def probe_repeat_parts() -> None:
     repeats[: items % rows] += 1
     ends = torch.cumsum(repeats, 0)
     out = torch.empty(items, dtype=torch.int64, device="cuda")
-    grid = (triton.cdiv(items, ri.BLOCK),)
+    kernels = ri._kernels(repeats.device)
+    grid = (triton.cdiv(items, kernels.block),)
     both("parts: torch.cumsum alone", lambda: torch.cumsum(repeats, 0), routed=False)
-    ours("parts: expand kernel alone", lambda: ri._launcher(False, False, False)(
-        grid, ends, out, out, items, rows, ri._rank_steps(rows), 0, out, 0))
+    ours("parts: expand kernel alone", lambda: kernels.expand(False, False, False)(
+        grid, ends, out, out, items, rows, kernels.rank_steps(rows), 0, out, 0))
     call = lambda: torch.repeat_interleave(repeats, output_size=items)  # noqa: E731
     for side, routed in (("ours", True), ("torch", False)):
         RESULTS[f"parts: {side} kernels"] = kernels = _profile_kernels(call, routed)
@@ -317,9 +318,10 @@ def _time_stages(label: str, items: int, cases: dict[int, tuple[torch.Tensor, to
     from flaggems.plugins.generic import repeat_interleave as ri
 
     out = torch.empty(items, dtype=torch.int64, device="cuda")
-    grid, launch = (triton.cdiv(items, ri.BLOCK),), ri._launcher(False, False, False)
+    kernels = ri._kernels(out.device)
+    grid, launch = (triton.cdiv(items, kernels.block),), kernels.expand(False, False, False)
     for rows, (repeats, ends) in cases.items():
-        steps = ri._rank_steps(rows)
+        steps = kernels.rank_steps(rows)
         ours(f"{label}{items} items {rows} rows",
              lambda e=ends, r=rows, s=steps: launch(grid, e, out, out, items, r, s, 0, out, 0))
         RESULTS[f"{label}{items} items {rows} rows equal to torch"] = same = bool(torch.equal(
@@ -341,21 +343,19 @@ def probe_repeat_stages() -> None:
 
 
 def probe_repeat_sweep() -> None:
-    """``SUB`` of the expand kernel on the stage cases and 50M items.
+    """``sub`` of the expand kernel (tuning key "scan") on the stage cases and 50M items.
 
     Run 3 swept ``BLOCK`` 1024/2048/4096 x ``SUB`` 16-128 x 4/8 warps: 2048
     and 4 warps were best or within noise on every case. ``SUB`` x a block
     search stopping one step short (removed since): see ``_rank``.
     """
-    from flaggems.plugins.generic import repeat_interleave as ri
-
     small, large = _stage_cases(854524), {17096: _stage_cases(50_000_000)[17096]}
 
     def measure(label: str) -> None:
         _time_stages(f"repeat sweep {label} ", 854524, small)
         _time_stages(f"repeat sweep {label} ", 50_000_000, large)
 
-    _sweep(ri, ("SUB",), ((8, 16, 32, 64),), ri._LAUNCHERS.clear, measure)
+    _policy_sweep("scan", ("sub",), ((8, 16, 32, 64),), measure)
 
 
 # --------------------------------------------------------------------------- group_norm
@@ -812,22 +812,6 @@ def probe_autograd_launch() -> None:
         print(f"gn timeline contig 2x320 fp32 {label}:", flush=True)
         for k, v in line.items():
             print(f"   {v:8.2f}  {k}", flush=True)
-
-
-def _sweep(module: object, names: tuple[str, ...], grid: tuple[tuple, ...], reset: Callable[[], None],
-           measure: Callable[[str], None]) -> None:
-    """Set ``module``'s constants ``names`` to every point of ``grid``, ``reset`` caches, ``measure(label)``."""
-    saved = tuple(getattr(module, name) for name in names)
-    try:
-        for values in itertools.product(*grid):
-            for name, value in zip(names, values):
-                setattr(module, name, value)
-            reset()
-            measure(" ".join(f"{name.lower()}={value}" for name, value in zip(names, values)))
-    finally:
-        for name, value in zip(names, saved):
-            setattr(module, name, value)
-        reset()
 
 
 def probe_group_norm_sweep() -> None:

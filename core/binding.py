@@ -163,13 +163,34 @@ class ResolvedLink:
 
 
 def resolve_chain(route: Route) -> tuple[ResolvedLink, ...]:
-    """Import every implementation of a route (lazy references resolve here)."""
-    return tuple(
-        ResolvedLink(link.label, resolve_callable(link.impl.fn),
-                     None if link.impl.supports is None else resolve_callable(link.impl.supports),
-                     link.impl.replayable)
-        for link in route.chain
-    )
+    """Import every implementation of a route (lazy references resolve here).
+
+    Where the backend declares dtypes it does not compute, each link's
+    ``supports`` is preceded by :func:`dtype_gate` (only there: other
+    backends' calls pay nothing).
+    """
+    banned = frozenset(getattr(torch, name) for name in route.unsupported_dtypes)
+    links = []
+    for link in route.chain:
+        supports = None if link.impl.supports is None else resolve_callable(link.impl.supports)
+        if banned:
+            supports = dtype_gate(banned, route.backend, supports)
+        links.append(ResolvedLink(link.label, resolve_callable(link.impl.fn), supports, link.impl.replayable))
+    return tuple(links)
+
+
+def dtype_gate(banned: frozenset[torch.dtype], backend: str,
+               supports: Callable[..., Any] | None) -> Callable[..., Any]:
+    """A ``supports`` that declines a call naming a ``banned`` dtype (a tensor's, or a ``dtype`` argument)."""
+
+    def gated(*args: Any, **kwargs: Any) -> bool | str:
+        for value in (*args, *kwargs.values()):
+            dtype = value.dtype if isinstance(value, torch.Tensor) else value
+            if isinstance(dtype, torch.dtype) and dtype in banned:
+                return f"{dtype}: the {backend} backend computes no {str(dtype).removeprefix('torch.')}"
+        return True if supports is None else supports(*args, **kwargs)
+
+    return gated
 
 
 def _decline_reason(verdict: Any) -> str:

@@ -28,6 +28,10 @@ def _print_info(data: dict[str, Any]) -> None:
         error = f"  {label}: {plugin['error']}" if plugin["error"] else ""
         print(f"  {plugin['status']:<7} {plugin['name']:<12} {plugin['entry_point']:<36} {dist}{error}")
     print(f"entry: {data['entry']['active']}  ({data['entry']['reason']})")
+    if data["tuning"]:
+        print("tuning (plugins' launch policies in force):")
+        for key, values in data["tuning"].items():
+            print(f"  {key}: {values}")
     print(f"enabled: {data['enabled']}")
 
 
@@ -40,6 +44,8 @@ def _print_routes(rows: list[dict[str, Any]]) -> None:
         print(f"  chosen: {row['chosen']}  source: {row['source']}  ({row['reason']})")
         if row["declines"]:
             print(f"  may decline per call: {', '.join(row['declines'])}")
+        if row["unsupported_dtypes"] and row["chain"] != ["native"]:
+            print(f"  to native: {', '.join(row['unsupported_dtypes'])} (not computed on this backend)")
         for seen in row.get("declined", []):
             print(f"  declined x{seen['count']}: {seen['impl']}: {seen['reason']}")
         for note in row["notes"]:

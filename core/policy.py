@@ -12,11 +12,17 @@ Overrides, highest precedence first:
 2. ``FLAGGEMS_OP_<op>=native|generic|vendor|<vendor or plugin name>``
 3. the routes file ``FLAGGEMS_ROUTES=path.toml`` (``op = "impl"``)
 4. ``FLAGGEMS_FORCE=generic|vendor|native``
-5. the default chain above
+5. the backend's own defaults: ``Backend.native_ops`` (ops its vendor's torch
+   serves better stay native, with the backend's reason)
+6. the default chain above
+
+A backend's ``unsupported_dtypes`` (float64 on Ascend) hold under every
+route: each link of the chain declines such a call to the native kernel.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import sys
 from collections.abc import Iterable, Mapping, Sequence
@@ -66,6 +72,9 @@ class Route:
     reason: str
     candidates: tuple[Link, ...] = ()
     notes: tuple[str, ...] = field(default=())
+    #: dtypes the backend does not compute (``Backend.unsupported_dtypes``): every link declines them.
+    unsupported_dtypes: tuple[str, ...] = ()
+    backend: str = ""
 
     @property
     def chosen(self) -> str:
@@ -80,10 +89,12 @@ class Route:
             "chosen": self.chosen,
             "source": self.source,
             "reason": self.reason,
-            "declines": [link.label for link in self.chain if link.impl.supports is not None],
+            "declines": [link.label for link in self.chain
+                         if link.impl.supports is not None or self.unsupported_dtypes],
             "candidates": [f"{link.label} ({link.tier}, priority {link.impl.priority})"
                            for link in self.candidates],
             "notes": list(self.notes),
+            "unsupported_dtypes": list(self.unsupported_dtypes),
         }
 
 
@@ -208,7 +219,9 @@ def resolve(impls: Iterable[tuple[str, OpImpl]], active: ActiveBackend, override
             raise PolicyError(f"{op}: " + "; ".join(notes))
         for note in notes:
             userwarn.warn(f"flaggems: {op}: {note}")
-        routes[op] = _route_for(op, links, active, overrides, notes, strict)
+        route = _route_for(op, links, active, overrides, notes, strict)
+        routes[op] = dataclasses.replace(route, unsupported_dtypes=tuple(active.backend.unsupported_dtypes),
+                                         backend=active.name)
     implemented = set(routes)
     for op in sorted((overrides.include or frozenset()) - routes.keys()):
         routes[op] = Route(op, (), "enable(include=...)", "no implementation of this op is installed")
@@ -234,6 +247,10 @@ def _route_for(op: str, links: list[Link], active: ActiveBackend, overrides: Ove
                notes: list[str], strict: bool) -> Route:
     decided = overrides.route_value(op)
     if decided is None:
+        why_native = active.backend.native_ops.get(op)
+        if why_native is not None and not (overrides.include and op in overrides.include):
+            return Route(op, (), f"backend {active.name}", f"native on {active.name}: {why_native}",
+                         tuple(links), tuple(notes))
         return Route(op, tuple(links), "default", _default_reason(links), tuple(links), tuple(notes))
     value, source = decided
     picked = _select(links, value, active)

@@ -6,9 +6,10 @@ functions of :mod:`flaggems` are thin wrappers around :data:`RUNTIME`.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import threading
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 from . import backends, compiled, config, log, policy, userwarn
@@ -57,6 +58,12 @@ def _importable(routes: dict[str, policy.Route]) -> dict[str, policy.Route]:
     return out
 
 
+def _is_dtype_name(name: Any) -> bool:
+    import torch
+
+    return isinstance(name, str) and isinstance(getattr(torch, name, None), torch.dtype)
+
+
 #: Names of the backends built into the core (a plugin may not declare one of them again).
 BUILTIN_NAMES = frozenset(b.name for b in backends.BUILTIN)
 
@@ -72,6 +79,7 @@ class Runtime:
         self._enabled_with: tuple | None = None
         self._routes: dict[str, policy.Route] = {}
         self._backend_owner: dict[str, str] = {}
+        self._vendor_tuning = True
         self.discovered = False
 
     # -- discovery and selection -------------------------------------------
@@ -122,6 +130,10 @@ class Runtime:
                     first_text = self._who(first) if first else "flaggems-core (built in)"
                     raise PluginError(f"backend {backend.name!r} is declared twice: by {first_text} "
                                       f"and by {self._who(plugin)}; uninstall one of them")
+                bad = [name for name in backend.unsupported_dtypes if not _is_dtype_name(name)]
+                if bad:
+                    raise PluginError(f"backend {backend.name!r} of {self._who(plugin)}: unsupported_dtypes "
+                                      f"names {', '.join(map(repr, bad))}, not torch dtypes (e.g. 'float64')")
                 self._backend_owner[backend.name] = plugin
                 found.append(backend)
         return found
@@ -216,12 +228,30 @@ class Runtime:
                     raise PluginError(f"{self._who(plugin)}: flaggems_tuning: {exc}") from None
                 if item.vendor is None:
                     generic.append(item)
-                elif item.vendor == active.vendor:
+                elif item.vendor == active.vendor and self._vendor_tuning:
                     vendor.append(item)
         merged: dict[str, dict[str, Any]] = {}
         for item in (*generic, *vendor):
             merged.setdefault(item.key, {}).update(item.values)
         return merged
+
+    @contextlib.contextmanager
+    def without_vendor_tuning(self) -> Iterator[None]:
+        """Inside the block the shared kernels run with the generic tuning only (the bench's ``untuned`` side).
+
+        Kernels read a new context and the compiled entry's plans are dropped on the way in and out.
+        """
+        with self.lock:
+            saved, self._vendor_tuning = self._vendor_tuning, False
+        kernel_context.reset()
+        self.clear_plans()
+        try:
+            yield
+        finally:
+            with self.lock:
+                self._vendor_tuning = saved
+            kernel_context.reset()
+            self.clear_plans()
 
     def compute_routes(self, include: Iterable[str] | None = None,
                        exclude: Iterable[str] | None = None) -> dict[str, policy.Route]:
@@ -287,6 +317,13 @@ class Runtime:
         return sorted(self._binding.ops) if self._binding else []
 
     # -- reporting ---------------------------------------------------------
+    def _tuning_report(self) -> dict[str, Any]:
+        """The merged tuning in force, or the plugin's error (``info`` reports, it never raises)."""
+        try:
+            return self.tuning()
+        except PluginError as exc:
+            return {"error": str(exc)}
+
     def info(self) -> dict[str, Any]:
         """Backend, probes and plugins as plain data."""
         import torch
@@ -318,6 +355,7 @@ class Runtime:
                        for name, p in active.probes],
             "plugins": [rec.as_dict() for rec in self.manager.records.values()],
             "entry": self.entry(),
+            "tuning": self._tuning_report(),
             "enabled": self._binding is not None,
             "registered_ops": self.registered_ops(),
         }

@@ -59,6 +59,12 @@ class Backend:
             AI-core count, L2 size, warp/wavefront width, max grid, fp64/bf16 support), read once
             per device into the kernel context; ``None``: torch's CUDA properties on a ``cuda``
             device, nothing known elsewhere. A lazy ``"module:attr"`` reference is allowed.
+        unsupported_dtypes: dtype names (``"float64"``) the device does not compute: every call
+            with a tensor or a ``dtype`` argument of one of them declines, on every implementation,
+            to the native kernel (also when simulated), with the reason in ``flaggems routes``.
+        native_ops: op -> reason: ops left to the native kernel by default on this backend (the
+            vendor's own torch serves them better); ``FLAGGEMS_OP_<op>``, a routes file,
+            ``FLAGGEMS_FORCE`` or ``enable(include=...)`` still route them.
     """
 
     name: str
@@ -69,6 +75,8 @@ class Backend:
     priority: int = 0
     description: str = ""
     facts: LazyCallable | None = None
+    unsupported_dtypes: tuple[str, ...] = ()
+    native_ops: Mapping[str, str] = field(default_factory=dict, hash=False)
 
 
 @dataclass(frozen=True)

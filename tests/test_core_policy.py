@@ -157,3 +157,68 @@ def test_overrides_naming_an_unknown_op_warn_with_the_closest_names(runtime, mon
     with pytest.warns(RuntimeWarning, match=r"enable\(include=...\) names 'abss'.*did you mean abs"):
         flaggems.enable(include=["abss"])  # the routes computed again at enable() warn about FLAGGEMS_OP_ne too
     flaggems.disable()
+
+
+@pytest.fixture
+def limited(runtime, monkeypatch):
+    from flaggems_fakes.plugins import LimitedVendor
+
+    runtime.manager.register(GenericNeg(), "fake-generic")
+    runtime.manager.register(LimitedVendor(), "limited")
+    monkeypatch.setenv("FLAGGEMS_VENDOR", "limited")
+    runtime._active = None
+    return runtime
+
+
+def test_a_backends_unsupported_dtype_goes_native_on_every_link(limited):
+    import torch
+
+    from flaggems_fakes import kernels
+
+    (row,) = flaggems.routes("neg")
+    assert row["chain"] == ["limited", "fake-generic", "native"] and row["unsupported_dtypes"] == ["float64"]
+    assert row["declines"] == ["limited", "fake-generic"]
+    from flaggems import testing
+
+    dev = testing.device()
+    kernels.CALLS.clear()
+    with flaggems.enabled():
+        x64, x32 = torch.randn(5, dtype=torch.float64, device=dev), torch.randn(5, device=dev)
+        assert torch.equal(torch.neg(x64), x64 * -1) and torch.equal(torch.neg(x32), x32 * -1)
+        (row,) = flaggems.routes("neg")
+    assert kernels.CALLS == ["vendor_neg"]  # the float32 call only
+    declined = {(d["impl"], d["reason"]) for d in row["declined"]}
+    reason = "torch.float64: the limited backend computes no float64"
+    assert declined == {("limited", reason), ("fake-generic", reason)}
+
+
+def test_the_kit_holds_a_backends_dtype_limits(limited, monkeypatch):
+    import torch
+
+    from flaggems import testing
+
+    testing.cases_for("neg")  # the kit's own and the plugins' cases are loaded first
+    monkeypatch.setitem(testing._CASES, "neg", [testing.Case("vector", lambda dev: ((torch.randn(3),), {}))])
+    item = next(i for i in testing.collect(["neg"]) if i.label == "fake-generic")
+    assert item.supports(torch.zeros(2, dtype=torch.float64)).endswith("computes no float64")
+    assert item.supports(torch.zeros(2)) is True
+
+
+def test_a_backends_native_ops_stay_native_unless_overridden(limited, monkeypatch):
+    (row,) = flaggems.routes("abs")
+    assert row["chain"] == ["native"] and row["source"] == "backend limited"
+    assert row["reason"] == "native on limited: its own torch serves abs better"
+    assert row["candidates"] == ["fake-generic (generic, priority 0)"]
+    flaggems.enable(include=["abs", "neg"])  # naming it routes it
+    assert chain_of("abs") == ["fake-generic", "native"]
+    flaggems.disable()
+    monkeypatch.setenv("FLAGGEMS_OP_abs", "generic")
+    assert chain_of("abs") == ["fake-generic", "native"]
+
+
+def test_an_unknown_unsupported_dtype_is_an_error_naming_the_plugin(runtime):
+    from flaggems_fakes.plugins import MisdeclaredDtypes
+
+    runtime.manager.register(MisdeclaredDtypes(), "misdeclared")
+    with pytest.raises(PluginError, match=r"backend 'misdeclared' of plugin 'misdeclared'.*'float65', not torch"):
+        flaggems.backend()

@@ -289,15 +289,12 @@ def small_tiles(monkeypatch):
     """
     from flaggems.plugins.generic import repeat_interleave as ri
 
-    monkeypatch.setattr(ri, "BLOCK", 8)
-    monkeypatch.setattr(ri, "SUB", 2)
-    monkeypatch.setattr(ri, "FANOUT", 4)
-    monkeypatch.setattr(ri, "CHUNK", 4)
-    monkeypatch.setattr(ri, "LOOKBACK", 2)
-    monkeypatch.setattr(ri, "TILE", 2)
-    monkeypatch.setattr(ri, "_LAUNCHERS", {})
-    monkeypatch.setattr(ri, "_SCAN", {})
-    return ri
+    scan = {"block": 8, "sub": 2, "fanout": 4, "chunk": 4, "lookback": 2, "tile": 2}
+    set_kernel_context(monkeypatch, tuning=lambda key: scan if key == "scan" else {})
+    kernels = ri._kernels(DEV)  # the op's calls use this object: tests patch its launchers
+    sizes = (kernels.block, kernels.sub, kernels.fanout, kernels.chunk, kernels.lanes, kernels.tile)
+    assert sizes == (8, 2, 4, 4, 2, 2)
+    return kernels
 
 
 EXPAND_PATTERNS = {
@@ -373,7 +370,7 @@ def test_scan_state_is_zeroed_when_the_expand_fails(unchecked, small_tiles, monk
         return launch
 
     with monkeypatch.context() as patch:
-        patch.setattr(small_tiles, "_launcher", failing_launcher)
+        patch.setattr(small_tiles, "expand", failing_launcher)
         with pytest.raises(RuntimeError, match="expand failed"):
             torch.repeat_interleave(repeats, output_size=total)
     assert not bool(zeroed_scratch(repeats, 1).any())
@@ -395,7 +392,9 @@ def test_another_thread_between_scan_and_expand_waits(known_size, unchecked, sma
     first = torch.tensor([3, 1, 4, 1, 5, 9, 2, 6, 5, 3], device=DEV)  # 3 chunks of 4 rows
     second = torch.tensor([2, 7, 1, 8, 2, 8, 1, 8, 2], device=DEV)
     sizes = {"first": int(first.sum()), "second": int(second.sum())}
-    real_scan, real_launcher = small_tiles._scan, small_tiles._launcher
+    from flaggems.plugins.generic import repeat_interleave as ri
+
+    real_scan, real_launcher = ri._scan, small_tiles.expand
     first_scanned, second_done = threading.Event(), threading.Event()
     results: dict[str, torch.Tensor] = {}
     launches: list[tuple[str, str]] = []
@@ -424,8 +423,8 @@ def test_another_thread_between_scan_and_expand_waits(known_size, unchecked, sma
         if name == "second":
             second_done.set()
 
-    monkeypatch.setattr(small_tiles, "_scan", scan_then_pause)
-    monkeypatch.setattr(small_tiles, "_launcher", logged_launcher)
+    monkeypatch.setattr(ri, "_scan", scan_then_pause)
+    monkeypatch.setattr(small_tiles, "expand", logged_launcher)
     threads = [threading.Thread(target=call, args=(name, repeats), name=name)
                for name, repeats in (("first", first), ("second", second))]
     for thread in threads:
@@ -469,7 +468,7 @@ def test_dynamic_size_scan_state_is_zeroed_when_the_expand_fails(unchecked, smal
         return launch
 
     with monkeypatch.context() as patch:
-        patch.setattr(small_tiles, "_launcher", failing_launcher)
+        patch.setattr(small_tiles, "expand", failing_launcher)
         with pytest.raises(RuntimeError, match="expand failed"):
             torch.repeat_interleave(repeats)
     assert not bool(zeroed_scratch(repeats, 1).any())
@@ -483,8 +482,8 @@ def test_expand_wrong_output_size_stays_in_bounds(size_error, unchecked, small_t
     total = int(repeats.sum()) + size_error
     buffer = torch.full((total + 4,), -7, dtype=torch.int64, device=DEV)
     out = buffer[2:-2]  # launched on a view: its neighbours must stay -7
-    small_tiles._launcher(False, False, False)((-(-total // 8),), torch.cumsum(repeats, 0), out, out, total, 5,
-                                        small_tiles._rank_steps(5), 0, out, 0)
+    small_tiles.expand(False, False, False)((-(-total // 8),), torch.cumsum(repeats, 0), out, out, total, 5,
+                                            small_tiles.rank_steps(5), 0, out, 0)
     assert buffer[:2].tolist() == [-7, -7] and buffer[-2:].tolist() == [-7, -7]
     assert bool(((out >= 0) & (out < 5)).all())
     exact = native_repeat_interleave(repeats.cpu())
@@ -508,6 +507,8 @@ def test_expand_invalid_repeats_write_every_position_in_range(unchecked, small_t
     block's first row: searched, and read from the scan's table (whose
     entries such ends may leave unwritten: here filled with garbage first).
     """
+    from flaggems.plugins.generic import repeat_interleave as ri
+
     gen = torch.Generator().manual_seed(3)
     for _ in range(60):
         repeats = torch.randint(-3, 6, (9,), generator=gen).to(DEV)
@@ -517,13 +518,13 @@ def test_expand_invalid_repeats_write_every_position_in_range(unchecked, small_t
             chunks, status = (3, zeroed_scratch(repeats, 3)) if table else (0, out)
             dependent = table and dependent_launch(repeats)
             if table:
-                ends = small_tiles._scan(repeats, total, status, dependent)
+                ends = ri._scan(small_tiles, repeats, total, status, dependent)
                 ends[9:] = torch.randint(-(2**40), 2**40, (3,), generator=gen).to(DEV).where(
                     torch.rand(3, generator=gen).to(DEV) < 0.5, ends[9:])
             else:
                 ends = torch.cumsum(repeats, 0)
-            expand = small_tiles._launcher(False, table, dependent)
-            expand((3,), ends, out, out, total, 9, small_tiles._rank_steps(9), 0, status, chunks)
+            expand = small_tiles.expand(False, table, dependent)
+            expand((3,), ends, out, out, total, 9, small_tiles.rank_steps(9), 0, status, chunks)
             assert bool(((out >= 0) & (out < 9)).all()), (repeats.tolist(), table, out.tolist())
             assert not bool(status[:chunks].any()), "the expand left the scan's status set"
 
@@ -619,11 +620,12 @@ def test_back_to_back_known_size_calls_see_their_own_scan(dependent, gpu_default
             outs = [torch.repeat_interleave(values, r, output_size=items) if i % 2 else
                     torch.repeat_interleave(r, output_size=items) for i, r in enumerate(repeats)]
         overlapped = dl.dependent_launch(repeats[0])
+        expands = set(ri._kernels(repeats[0].device)._expand)  # the launchers the calls built
     finally:
         context.reset()
     assert overlapped == (dependent == "1" and torch.version.hip is None
                           and torch.cuda.get_device_capability(0)[0] >= 9)
-    assert ((False, True, True) in ri._LAUNCHERS) or not overlapped
+    assert ((False, True, True) in expands) or not overlapped
     for i, (r, out) in enumerate(zip(repeats, outs, strict=True)):
         rows_out = native_repeat_interleave(r, output_size=items)
         assert torch.equal(out, values[rows_out] if i % 2 else rows_out), i
@@ -714,6 +716,9 @@ def test_kernels_vectorise_for_sm90():
         from flaggems.plugins.generic import index_copy as ic
         from flaggems.plugins.generic import repeat_interleave as ri
         from flaggems.toolkit import indexing
+        from flaggems.toolkit.tuning import ScanPolicy
+
+        scan = ScanPolicy()
 
         def ptx(fn, pointers, constexprs, num_warps):
             sig = {p.name: "constexpr" if p.name in constexprs else pointers.get(p.name, p.annotation_type or "i64")
@@ -741,7 +746,7 @@ def test_kernels_vectorise_for_sm90():
             assert "st.global.v2.b64" in code, "full repeat_interleave blocks did not vectorise"
         for repeats in ("*i64", "*i32"):  # the scan's look-back, tickets and reset compile for the GPU
             code = ptx(ri._scan_kernel, {"repeats": repeats, "ends": "*i64", "status": "*i64"},
-                       dict(CHUNK=ri.CHUNK, BLOCK=ri.BLOCK, LOOKBACK=ri.LOOKBACK, TILE=ri.TILE), 4)
+                       dict(CHUNK=scan.chunk, BLOCK=scan.block, LOOKBACK=scan.lanes(32), TILE=scan.tile), 4)
             assert "atom.global" in code and "ld.volatile.global" in code  # publish, look back
         divisions = {}
         for rows in range(4):  # one-column tiles: one row per element (index_select dim 1)

@@ -14,7 +14,7 @@ import textwrap
 
 import pytest
 import torch
-from conftest import run_compiled
+from conftest import run_compiled, set_kernel_context
 
 import flaggems
 from flaggems.binding import native_scope
@@ -90,7 +90,20 @@ def test_routes_choose_ascend_and_float64_declines_with_its_reason(ascend):
     index, source = torch.tensor([4, 1], device=DEV), torch.randn(6, 2, dtype=torch.float64, device=DEV)
     assert torch.equal(x.index_copy(1, index, source).cpu(), _expected(x, 1, index, source))
     (row,) = flaggems.routes("index_copy")
-    assert any(d["impl"] == "ascend" and "float64" in d["reason"] for d in row["declined"]), row["declined"]
+    assert row["unsupported_dtypes"] == ["float64"]
+    declined = {d["impl"]: d["reason"] for d in row["declined"]}
+    assert declined == {"ascend": "torch.float64: the ascend backend computes no float64",
+                        "generic": "torch.float64: the ascend backend computes no float64"}, declined
+
+
+def test_copies_stay_with_torch_npu_by_the_backends_declared_routing(ascend):
+    rows = {r["op"]: r for r in flaggems.routes() if r["op"] in ("copy_", "_to_copy")}
+    assert set(rows) == {"copy_", "_to_copy"}
+    for row in rows.values():
+        assert row["chain"] == ["native"] and row["source"] == "backend ascend", row
+        assert row["reason"].startswith("native on ascend: torch_npu's own"), row["reason"]
+        assert row["candidates"] == ["generic (generic, priority 0)"]
+    assert "copy_" not in flaggems.runtime.RUNTIME.registered_ops()
 
 
 def test_a_strided_self_in_place_goes_to_the_generic_kernels_and_a_strided_source_is_read(ascend, monkeypatch):
@@ -145,12 +158,9 @@ def test_empty_index_and_empty_rows_launch_nothing(ascend, monkeypatch):
     assert launched == [] and y.shape == (4, 0)
 
 
-def test_invalid_indices_are_never_written(ascend):
+def test_invalid_indices_are_never_written(ascend, monkeypatch):
     """With checking off (as on a device by default) an out-of-range index writes nothing; others land."""
-    from flaggems.toolkit import context
-
-    if context.current().checks:
-        pytest.skip("index checking is on here (the interpreter's contract): IndexError is raised first")
+    set_kernel_context(monkeypatch, checks=False)
     x = torch.zeros(6, 3, device=DEV)
     x.index_copy_(0, torch.tensor([7, 2, -1], device=DEV), torch.ones(3, 3, device=DEV))
     assert x.cpu().sum().item() == 3 and x[2].cpu().eq(1).all()

@@ -2,7 +2,9 @@
 
 For each op and shape (declared in :mod:`flaggems.bench.shapes`, one module
 per op) it measures torch native, flaggems (routing policy in force) and,
-with ``--route generic|vendor``, forced routes:
+with ``--route generic|vendor``, forced routes (``--route untuned``: the
+default chain without the active vendor's tuning, i.e. what its launch
+policy changes):
 
 * kernel time: ``triton.testing.do_bench`` median;
 * wall time per call, host overhead included (the device synchronised
@@ -42,6 +44,8 @@ EXAMPLES = """examples:
   flaggems bench --json out.json --plot out.png  everything, on a GPU
   flaggems bench --op index_copy_ --dtype fp16   one aten op, one dtype
   flaggems bench --op copy_ --route generic      also the generic implementations alone
+  FLAGGEMS_VENDOR=kunlunxin flaggems bench --op copy_ --route untuned
+                                                 a vendor's launch policy against the generic one
   flaggems bench --smoke --op copy_              tiny shapes, also without a GPU (timings meaningless)
   flaggems bench --models --json models.json     real model code (Llama decoder, UNet-style stack), on a GPU
   flaggems bench --models --only 'unet*' --smoke a tiny model run, also without a GPU
@@ -67,8 +71,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--op", action="append", default=[], metavar="NAME",
                         help="a shape file (copy_, index_copy...) or an aten op it routes (index_copy_); repeatable")
     add_common_arguments(parser)
-    parser.add_argument("--route", action="append", default=[], choices=("generic", "vendor"),
-                        help="also time this forced route (FLAGGEMS_FORCE); repeatable")
+    parser.add_argument("--route", action="append", default=[], choices=("generic", "vendor", "untuned"),
+                        help="also time this forced route (FLAGGEMS_FORCE), or 'untuned': the default chain "
+                             "without the vendor's tuning; repeatable")
     parser.add_argument("--dtype", action="append", default=[], metavar="NAME",
                         help="only workloads with this dtype (fp16, bf16, fp32, int64...); repeatable")
     parser.add_argument("--models", action="store_true",

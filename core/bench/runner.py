@@ -39,8 +39,11 @@ from flaggems.runtime import RUNTIME
 from .workload import Inputs, Workload, dtype_name
 
 TORCH, FLAGGEMS = "torch", "flaggems"
-#: Routes ``--route`` may add (values of ``FLAGGEMS_FORCE``).
+#: Routes ``--route`` may add: values of ``FLAGGEMS_FORCE``, and ``untuned``: the default chain with the generic
+#: tuning only (what a vendor's launch policy buys over the shared kernels' defaults).
 FORCED_ROUTES = ("generic", "vendor")
+UNTUNED = "untuned"
+ROUTE_SIDES = (*FORCED_ROUTES, UNTUNED)
 LOG_CHANNELS = ("dispatch", "fallback")
 
 #: (rtol, atol) per result dtype; integer results must match exactly.
@@ -181,7 +184,7 @@ def synchronize(device: torch.device) -> None:
 # -- routes ------------------------------------------------------------------
 def sides(extra_routes: Sequence[str] = ()) -> list[str]:
     """``torch``, ``flaggems``, then each forced route asked for (no duplicates)."""
-    return [TORCH, FLAGGEMS, *dict.fromkeys(r for r in extra_routes if r in FORCED_ROUTES)]
+    return [TORCH, FLAGGEMS, *dict.fromkeys(r for r in extra_routes if r in ROUTE_SIDES)]
 
 
 @contextlib.contextmanager
@@ -235,7 +238,8 @@ def side_scope(side: str, routes: Sequence[str] | None, log: bool = False) -> It
             yield
         return
     force = {"FLAGGEMS_FORCE": side} if side in FORCED_ROUTES else {}
-    with environ(FLAGGEMS_LOG=_log_setting(log), **force), flaggems.enabled(include=routes):
+    tuning = RUNTIME.without_vendor_tuning() if side == UNTUNED else contextlib.nullcontext()
+    with tuning, environ(FLAGGEMS_LOG=_log_setting(log), **force), flaggems.enabled(include=routes):
         yield
 
 

@@ -130,17 +130,22 @@ class Item:
 
 def collect(ops: list[str] | None = None) -> list[Item]:
     """Every (op, installed implementation, case) for the active backend."""
+    from ..binding import dtype_gate
     from ..policy import default_links
     from ..runtime import RUNTIME
     from ..types import resolve_callable
 
     items = []
-    links = default_links(RUNTIME.implementations(), RUNTIME.active_backend())
+    active = RUNTIME.active_backend()
+    banned = frozenset(getattr(torch, name) for name in active.backend.unsupported_dtypes)
+    links = default_links(RUNTIME.implementations(), active)
     for op, chain in sorted(links.items()):
         if ops is not None and op not in ops:
             continue
         for link in chain:
             supports = None if link.impl.supports is None else resolve_callable(link.impl.supports)
+            if banned:  # the backend's dtype limits hold for the kit as for routing
+                supports = dtype_gate(banned, active.name, supports)
             fn = resolve_callable(link.impl.fn)
             items.extend(Item(op, link.label, fn, supports, case) for case in cases_for(op))
     return items

@@ -243,9 +243,58 @@ class GroupedScatterPolicy:
         return policy
 
 
+@dataclass(frozen=True)
+class ScanPolicy:
+    """Blocks, chunks and searches of ``repeat_interleave``'s scan and expand (``Tuning("scan", {...})``).
+
+    Attributes:
+        block: output elements an expand program writes.
+        sub: output elements per sub-block (each sub-block's rows are found first, so an element's own
+            search spans only the few rows its sub-block touches).
+        fanout: row ends compared per step of a program's first/last-row search (output size unknown).
+        chunk: rows of ``repeats`` a scan program sums.
+        lookback: predecessor chunks read per step of the scan's look-back; 0: one warp or wavefront,
+            the device facts' ``warp_size`` (32 on NVIDIA, 64 on a DCU).
+        tile: blocks searched at a time by a chunk whose rows hold several block starts each.
+        threads: threads per program of both kernels; warps = threads / the device's warp width.
+    """
+
+    # H200 (RESULTS.md runs 3-10; seed case 17096 rows -> 854524 items, output_size given):
+    # block 2048/1024/512: expand 5.23/4.8/5.58 µs of GPU time (17096 -> 50M items: 110/106/118 µs);
+    # sub 8 against 16: seed 13.5/13.5 µs, 854524 one-item rows 32.2/41.2; chunk 256/512/1024: scan
+    # 3.04/2.88/3.42 µs (cub's: 0.75 + 2.21).
+    block: int = 1024
+    sub: int = 8
+    fanout: int = 256
+    chunk: int = 512
+    lookback: int = 0
+    tile: int = 1024
+    threads: int = 128
+
+    @classmethod
+    def from_values(cls, values: Mapping[str, Any]) -> ScanPolicy:
+        """Build a policy from a tuning mapping; raises ``ValueError`` on unknown fields or bad values."""
+        policy = _integer_policy(cls, "scan", values, ("block", "sub", "fanout", "chunk", "tile", "threads"),
+                                 {"lookback": 0})
+        if policy.lookback:
+            _power_of_two("scan", "lookback", policy.lookback)
+        if policy.sub > policy.block:
+            raise ValueError(f"tuning scan.sub={policy.sub}: expected at most block ({policy.block})")
+        return policy
+
+    def lanes(self, warp_size: int) -> int:
+        """Look-back lanes on a device whose warps are ``warp_size`` wide."""
+        return self.lookback or warp_size
+
+    def warps(self, warp_size: int) -> int:
+        """Warps (wavefronts) per program on a device whose warps are ``warp_size`` wide."""
+        return max(self.threads // warp_size, 1)
+
+
 #: Tuning key -> the launch policy its values configure (kernel families register theirs).
 POLICIES: dict[str, type] = {KEY: ElementwisePolicy, "group_norm": GroupNormPolicy,
-                             "gather_scatter": GatherScatterPolicy, "grouped_scatter": GroupedScatterPolicy}
+                             "gather_scatter": GatherScatterPolicy, "grouped_scatter": GroupedScatterPolicy,
+                             "scan": ScanPolicy}
 _FAMILY_POLICIES: dict[str, Any] = {}
 
 

@@ -83,33 +83,66 @@ import triton
 import triton.language as tl
 
 from flaggems import Decline
-from flaggems.toolkit import cdiv, checks
+from flaggems.toolkit import cdiv, checks, context, tuning
 from flaggems.toolkit.dependent_launch import dependent_launch, gdc_launch_dependents, gdc_wait
 from flaggems.toolkit.indexing import INDEX_DIVIDE_INT, INDEX_DIVIDE_TENSOR, index_along_dim
 from flaggems.toolkit.launch import FastLauncher
 from flaggems.toolkit.strided import SUPPORTED_DTYPES
 from flaggems.toolkit.workspace import claim_scratch
 
-#: Output elements per program, and the warps that write them. With the scan's table (output_size
-#: known), H200, GPU time of the expand kernel (profiler, seed case): BLOCK 2048: 5.23 µs,
-#: 1024: 4.8, 512: 5.58 (do_bench of the whole op, 17096 rows -> 50M items: 110, 106, 118).
-BLOCK = 1024
-NUM_WARPS = 4
-#: Output elements per sub-block: the rows of each sub-block's ends are found first, so an
-#: element's own search spans only the few rows its sub-block touches. H200, whole op with the
-#: table (do_bench, µs), SUB 8 against 16 at BLOCK 1024: seed case 13.5/13.5, 854524 one-item
-#: rows 32.2/41.2, 17096 rows -> 50M items 106/106. (Before the table, kernel alone at BLOCK
-#: 2048, SUB 8/16/32/64: seed 10.7/10.6/9.9/11.6, one-item rows 22.9/32.9/37.4/42.9.)
-SUB = 8
-#: Row ends compared per step of the search for a program's first and last row (no table).
-FANOUT = 256
-#: Rows of ``repeats`` per program of the scan: H200, scan kernel alone on the seed case
-#: (profiler, 4 warps), CHUNK 256/512/1024: 3.04/2.88/3.42 µs (cub's scan: 0.75 + 2.21).
-CHUNK = 512
-#: Predecessor chunks read per step of the scan's look-back.
-LOOKBACK = 32
-#: Blocks searched at a time by a chunk whose rows hold several block starts each.
-TILE = 1024
+#: Sizes, warps and look-back lanes come from the typed launch policy ``Tuning("scan", ...)``
+#: (:class:`flaggems.toolkit.tuning.ScanPolicy`, its measured defaults there) and the device's
+#: warp or wavefront width (the kernel context's device facts), resolved once per device.
+
+
+class _Kernels:
+    """The scan policy on one device: its sizes, warps and look-back lanes, and the launchers built from them."""
+
+    def __init__(self, policy: tuning.ScanPolicy, warp_size: int) -> None:
+        self.block, self.sub, self.fanout, self.chunk, self.tile = (policy.block, policy.sub, policy.fanout,
+                                                                    policy.chunk, policy.tile)
+        self.lanes, self.warps = policy.lanes(warp_size), policy.warps(warp_size)
+        self._expand: dict[tuple[bool, bool, bool], FastLauncher] = {}
+        self._scan: dict[tuple[bool, bool], FastLauncher] = {}
+
+    def expand(self, gather: bool, table: bool, dependent: bool) -> FastLauncher:
+        """The expand's launcher; ``dependent``: launched to overlap the scan before it (``launch_pdl``)."""
+        launcher = self._expand.get((gather, table, dependent))
+        if launcher is None:
+            options = {"launch_pdl": True} if dependent else {}
+            launcher = self._expand[gather, table, dependent] = FastLauncher(
+                _expand_kernel, {"BLOCK": self.block, "SUB": self.sub, "FANOUT": self.fanout, "GATHER": gather,
+                                 "TABLE": table, "DEPENDENT": dependent}, num_warps=self.warps, **options)
+        return launcher
+
+    def scan(self, dependent: bool, summary: bool) -> FastLauncher:
+        """The scan's launcher (``summary``: the output size is unknown, see ``_scan_kernel``)."""
+        launcher = self._scan.get((dependent, summary))
+        if launcher is None:
+            launcher = self._scan[dependent, summary] = FastLauncher(
+                _scan_kernel, {"CHUNK": self.chunk, "BLOCK": self.block, "LOOKBACK": self.lanes, "TILE": self.tile,
+                               "DEPENDENT": dependent, "SUMMARY": summary}, num_warps=self.warps)
+        return launcher
+
+    def rank_steps(self, n: int) -> int:
+        """Steps of the ``fanout``-ary search over ``n`` ends: ``ceil(log_fanout(n + 1))``."""
+        steps, reach = 1, self.fanout
+        while reach < n + 1:
+            steps, reach = steps + 1, reach * self.fanout
+        return steps
+
+
+_KERNELS: dict[int | None, _Kernels] = {}
+context.on_reset(_KERNELS.clear)  # a new context: new tuning or device facts
+
+
+def _kernels(device: torch.device) -> _Kernels:
+    """The scan policy resolved for ``device`` (cached per device until the kernel context changes)."""
+    found = _KERNELS.get(device.index)
+    if found is None:
+        warp_size = context.current().facts(device.index or 0).warp_size
+        found = _KERNELS[device.index] = _Kernels(tuning.policy("scan"), warp_size)
+    return found
 
 
 @triton.jit
@@ -345,47 +378,17 @@ def _scan_kernel(repeats, repeats_stride, ends, status, n, total: tl.int64,
                      tl.cdiv(total, BLOCK), BLOCK, TILE)
 
 
-def _rank_steps(n: int) -> int:
-    """Steps of the ``FANOUT``-ary search over ``n`` ends: ``ceil(log_FANOUT(n + 1))``."""
-    steps, reach = 1, FANOUT
-    while reach < n + 1:
-        steps, reach = steps + 1, reach * FANOUT
-    return steps
-
-
-_LAUNCHERS: dict[tuple[bool, bool, bool], FastLauncher] = {}
-
-
-def _launcher(gather: bool, table: bool, dependent: bool) -> FastLauncher:
-    """The expand's launcher; ``dependent``: launched to overlap the scan before it (``launch_pdl``)."""
-    launcher = _LAUNCHERS.get((gather, table, dependent))
-    if launcher is None:
-        options = {"launch_pdl": True} if dependent else {}
-        launcher = _LAUNCHERS[gather, table, dependent] = FastLauncher(
-            _expand_kernel, {"BLOCK": BLOCK, "SUB": SUB, "FANOUT": FANOUT, "GATHER": gather, "TABLE": table,
-                             "DEPENDENT": dependent}, num_warps=NUM_WARPS, **options)
-    return launcher
-
-
-_SCAN: dict[tuple[bool, bool], FastLauncher] = {}
-
-
-def _scan(repeats: torch.Tensor, total: int, status: torch.Tensor, dependent: bool,
+def _scan(kernels: _Kernels, repeats: torch.Tensor, total: int, status: torch.Tensor, dependent: bool,
           summary: bool = False) -> torch.Tensor:
-    """Row ends, then each of the ``cdiv(total, BLOCK)`` output blocks' first rows: one launch, no sync.
+    """Row ends, then each of the ``cdiv(total, block)`` output blocks' first rows: one launch, no sync.
 
     Leaves ``status`` set: the expand launched next zeroes it. ``summary``
     (with ``total`` 0): also the sum and the smallest negative repeat, in the
     two status words after the chunks' (``_scan_kernel``).
     """
-    launcher = _SCAN.get((dependent, summary))
-    if launcher is None:
-        launcher = _SCAN[dependent, summary] = FastLauncher(
-            _scan_kernel, {"CHUNK": CHUNK, "BLOCK": BLOCK, "LOOKBACK": LOOKBACK, "TILE": TILE,
-                           "DEPENDENT": dependent, "SUMMARY": summary}, num_warps=NUM_WARPS)
     n = repeats.shape[0]
-    ends = torch.empty(n + cdiv(total, BLOCK), dtype=torch.int64, device=repeats.device)
-    launcher((cdiv(n, CHUNK),), repeats, repeats.stride(0), ends, status, n, total)
+    ends = torch.empty(n + cdiv(total, kernels.block), dtype=torch.int64, device=repeats.device)
+    kernels.scan(dependent, summary)((cdiv(n, kernels.chunk),), repeats, repeats.stride(0), ends, status, n, total)
     return ends
 
 
@@ -408,13 +411,13 @@ def _expand_dynamic(repeats: torch.Tensor, values: torch.Tensor | None) -> torch
     total) zeroes the status words, summary included; a failure in between
     zeroes them here.
     """
-    n = repeats.shape[0]
-    chunks = cdiv(n, CHUNK)
+    n, kernels = repeats.shape[0], _kernels(repeats.device)
+    chunks = cdiv(n, kernels.chunk)
     words = chunks + 2
     status, lock = claim_scratch(repeats, words)
     source = repeats if values is None else values
     with lock:
-        ends = _scan(repeats, 0, status, False, summary=True)
+        ends = _scan(kernels, repeats, 0, status, False, summary=True)
         try:
             total, smallest = status[chunks:words].tolist()
             if smallest < 0:
@@ -424,8 +427,9 @@ def _expand_dynamic(repeats: torch.Tensor, values: torch.Tensor | None) -> torch
                 status[:words].zero_()
                 return out
             gather = values is not None
-            _launcher(gather, False, False)((cdiv(total, BLOCK),), ends, out, values if gather else out, total,
-                                            n, _rank_steps(n), values.stride(0) if gather else 0, status, words)
+            kernels.expand(gather, False, False)((cdiv(total, kernels.block),), ends, out,
+                                                 values if gather else out, total, n, kernels.rank_steps(n),
+                                                 values.stride(0) if gather else 0, status, words)
         except BaseException:  # the scan's status words must not outlive it
             status[:words].zero_()
             raise
@@ -452,15 +456,16 @@ def _expand(repeats: torch.Tensor, output_size: int | None, values: torch.Tensor
     out = torch.empty(total, dtype=source.dtype, device=source.device)
     if not total:
         return out
-    gather = values is not None
-    chunks = cdiv(n, CHUNK)
+    gather, kernels = values is not None, _kernels(repeats.device)
+    chunks = cdiv(n, kernels.chunk)
     status, lock = claim_scratch(repeats, chunks)
     dependent = dependent_launch(repeats)
     with lock:
-        ends = _scan(repeats, total, status, dependent)
+        ends = _scan(kernels, repeats, total, status, dependent)
         try:
-            _launcher(gather, True, dependent)((cdiv(total, BLOCK),), ends, out, values if gather else out, total,
-                                               n, 0, values.stride(0) if gather else 0, status, chunks)
+            kernels.expand(gather, True, dependent)((cdiv(total, kernels.block),), ends, out,
+                                                    values if gather else out, total, n, 0,
+                                                    values.stride(0) if gather else 0, status, chunks)
         except BaseException:  # e.g. the expand failed to compile: the scan's status words must not outlive it
             status[:chunks].zero_()
             raise

@@ -118,3 +118,26 @@ class ReplayNeg:
             OpImpl("abs", f"{K}:neg_with_persistent_workspace", replayable=True),
             OpImpl("sin", f"{K}:neg_reading_data", replayable=True),
         ]
+
+
+class LimitedVendor:
+    """A vendor whose device computes no float64 and whose own torch serves ``abs`` better."""
+
+    @hookimpl
+    def flaggems_backends(self):
+        return [Backend("limited", vendor="limited", device_type="limited", dispatch_key="PrivateUse1",
+                        probe=lambda: ProbeResult(False, "no limited device"), unsupported_dtypes=("float64",),
+                        native_ops={"abs": "its own torch serves abs better"})]
+
+    @hookimpl
+    def flaggems_operators(self, backend):
+        return [OpImpl("neg", f"{K}:vendor_neg", vendor="limited")]
+
+
+class MisdeclaredDtypes:
+    """A backend naming a dtype torch does not have."""
+
+    @hookimpl
+    def flaggems_backends(self):
+        return [Backend("misdeclared", vendor="misdeclared", device_type="x", dispatch_key="PrivateUse1",
+                        probe=lambda: ProbeResult(False, "none"), unsupported_dtypes=("float65",))]

@@ -57,6 +57,7 @@ def case(view: str, src: tuple[int, ...], dst: tuple[int, ...], smoke_src: tuple
 
 
 WORKLOADS: tuple[Workload, ...] = (
+    case("contiguous", (1024, 1024), (1024, 1024), (8, 16), (8, 16), source="seed 001 (P800 table)"),
     case("expand", (1024,), (1024, 1024), (16,), (8, 16), source="seed 001, peers.md"),
     case("expand", (1024,), (1024, 1024), (16,), (8, 16), dst_dtype=BF16),
     case("transpose", (4096, 4096), (4096, 4096), (16, 16), (16, 16)),

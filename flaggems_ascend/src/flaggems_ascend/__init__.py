@@ -19,6 +19,12 @@ ASCEND = Backend(
     probe="flaggems_ascend.probe:probe",
     description="Huawei Ascend NPUs through torch_npu",
     facts="flaggems_ascend.probe:facts",
+    # Ascend AI cores compute no float64: such calls go to torch_npu on every implementation.
+    unsupported_dtypes=("float64",),
+    native_ops={
+        "copy_": "torch_npu's own copy (CANN's view-copy and DMA paths) serves it better than a Triton kernel",
+        "_to_copy": "torch_npu's own cast-and-copy serves it better than a Triton kernel",
+    },
 )
 
 
@@ -31,7 +37,6 @@ def flaggems_backends() -> tuple[Backend, ...]:
 @hookimpl
 def flaggems_operators(backend: Backend) -> tuple[OpImpl, ...]:
     """Ascend's index_copy kernels (:mod:`flaggems_ascend.index_copy`), tried before the generic ones."""
-    common = {"vendor": "ascend", "supports": "flaggems_ascend.index_copy:supports", "replayable": True,
-              "dtypes": ("float16", "bfloat16", "float32", "ints", "bool")}
+    common = {"vendor": "ascend", "replayable": True, "dtypes": ("float16", "bfloat16", "float32", "ints", "bool")}
     return (OpImpl("index_copy_", "flaggems_ascend.index_copy:index_copy_", **common),
             OpImpl("index_copy", "flaggems_ascend.index_copy:index_copy", **common))

@@ -20,8 +20,8 @@ Nothing launches for an empty index or empty rows.
 Contract: the target (``self`` in place; the fresh contiguous result out of
 place) must be contiguous: a strided ``self`` in place declines to the next
 implementation (the generic kernels, which take any layout). A strided
-``source`` is made contiguous first (one copy). float64 declines (Ascend
-computes none; :func:`supports`).
+``source`` is first copied dense by the toolkit's copy kernel. float64 never arrives: the
+backend declares it unsupported, so the core sends it to torch_npu.
 """
 
 from __future__ import annotations
@@ -113,17 +113,6 @@ def row_tile(inner: int) -> tuple[int, int]:
     return max(ROW_TILE // block_c, 1), block_c
 
 
-def supports(self: torch.Tensor, dim: int, index: torch.Tensor, source: torch.Tensor) -> bool | str:
-    """float64 goes to the next implementation: Ascend NPUs compute no float64.
-
-    Declined on a simulated run too (a GPU or the CPU standing in for the NPU), so that it behaves as
-    the NPU would; the device facts of a real NPU say the same (``fp64=False``).
-    """
-    if self.dtype == torch.float64:
-        return "float64: Ascend NPUs compute no float64"
-    return True
-
-
 def scatter(call: front.Call) -> None:
     """Write ``call.source``'s rows into ``call.target`` (see the module docstring for the contract)."""
     self, dim, index, source, out = call.self, call.dim, call.index, call.source, call.out
@@ -138,7 +127,7 @@ def scatter(call: front.Call) -> None:
     total = outer * n * inner
     if total == 0:
         return
-    src = source if source.is_contiguous() else source.contiguous()
+    src = source if source.is_contiguous() else _dense(source)
     cores = ai_cores(target.device)
     if inner <= FLAT_MAX_INNER:
         block = flat_block(total, cores)
@@ -151,6 +140,13 @@ def scatter(call: front.Call) -> None:
     tiles = cdiv(outer * n, block_r) * col_tiles
     _launcher(_row_kernel, BLOCK_R=block_r, BLOCK_C=block_c)((min(tiles, cores),), target, src, index, outer, n,
                                                              inner, dim_size, tiles, col_tiles)
+
+
+def _dense(source: torch.Tensor) -> torch.Tensor:
+    """A contiguous copy of ``source`` by the toolkit's copy kernel (no torch op re-entering flaggems)."""
+    dense = torch.empty_like(source, memory_format=torch.contiguous_format)
+    strided_copy(dense, source)
+    return dense
 
 
 def _prod(sizes: torch.Size) -> int:

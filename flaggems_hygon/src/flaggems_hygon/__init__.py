@@ -3,26 +3,43 @@
 Hygon DCUs run a ROCm/HIP build of torch, which names its devices ``cuda``
 and dispatches on the ``CUDA`` key. Detection (HIP build, device name or GCN
 architecture) is in :mod:`flaggems_hygon.probe`.
+
+The DCU runs the generic kernels: its differences are configuration. Its
+64-wide wavefronts come from the device facts (:func:`flaggems_hygon.probe.facts`),
+and the kernels size themselves by them: ``repeat_interleave``'s scan looks
+back one wavefront of predecessor chunks per step, and its programs' warp
+count is their thread count over the wavefront width. The tuning below sets
+those threads. ``repeat_interleave`` with ``output_size`` (the ``.Tensor``
+overload and the values API ``.self_Tensor``) sizes its output from it and
+never reads the device; ``index_select`` runs no separate range-check pass
+(both are the generic contract, which the DCU keeps). No Hygon kernel exists:
+no algorithm differs.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
-from flaggems import Backend, OpImpl, hookimpl
+from flaggems import Backend, Tuning, hookimpl
 
 _DESCRIPTION = "Hygon DCUs through ROCm/HIP torch"
+
+#: 256 threads a program for repeat_interleave's scan and expand: four 64-wide wavefronts, the program
+#: shape the H200 measured best (four warps) and Triton's default on AMD-like devices. Not measured on a
+#: DCU (none here); what it costs on the H200 is in RESULTS.md.
+SCAN = {"threads": 256}
 
 
 @hookimpl
 def flaggems_backends() -> Sequence[Backend]:
-    """Hygon backend record (probe referenced lazily)."""
+    """Hygon backend record (probe and device facts referenced lazily)."""
     hygon = Backend("hygon", vendor="hygon", device_type="cuda", dispatch_key="CUDA",
-                    probe="flaggems_hygon.probe:probe", description=_DESCRIPTION)
+                    probe="flaggems_hygon.probe:probe", facts="flaggems_hygon.probe:facts",
+                    description=_DESCRIPTION)
     return (hygon,)
 
 
 @hookimpl
-def flaggems_operators(backend: Backend) -> Sequence[OpImpl]:
-    """Nothing Hygon-specific so far (operators are added by later issues)."""
-    return ()
+def flaggems_tuning(backend: Backend) -> Sequence[Tuning]:
+    """The DCU's launch policy for the shared scan/expand kernels: configuration, not a copied kernel."""
+    return (Tuning("scan", SCAN, vendor="hygon"),)

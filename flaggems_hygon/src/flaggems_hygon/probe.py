@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from flaggems import ProbeResult
+from flaggems.toolkit.context import DeviceFacts
 
 #: Fragments of Hygon device names, and the GCN architectures of its DCUs.
 NAME_MARKERS = ("DCU", "Hygon", "BW")
@@ -25,3 +26,17 @@ def probe() -> ProbeResult:
     if any(marker in name for marker in NAME_MARKERS) or arch.startswith(GCN_ARCHS):
         return ProbeResult(True, f"Hygon DCU: {name} ({arch})")
     return ProbeResult(False, f"HIP device {name!r} ({arch}) is not a Hygon DCU")
+
+
+#: Lanes of a wavefront on Hygon DCUs (GCN/CDNA-like compute units), when torch does not report it.
+WAVEFRONT = 64
+
+
+def facts(index: int) -> DeviceFacts:
+    """The DCU's compute units, L2 and wavefront width, from torch's device properties (read once per device)."""
+    import torch
+
+    props = torch.cuda.get_device_properties(index)
+    return DeviceFacts(multiprocessors=int(props.multi_processor_count) or None,
+                       l2_bytes=int(getattr(props, "L2_cache_size", 0)) or None,
+                       warp_size=int(getattr(props, "warp_size", 0) or WAVEFRONT))
