@@ -13,3 +13,11 @@ echo "== flaggems routes"
 "$venv/bin/flaggems" routes
 echo "== seed workloads through flaggems"
 "$venv/bin/python" examples/demo.py
+# Each vendor plugin on its own backend: simulated here unless this machine has that vendor's device.
+for spec in "ascend index_copy" "kunlunxin copy_" "hygon repeat_interleave"; do
+  set -- $spec
+  echo "== FLAGGEMS_VENDOR=$1: its routes and workloads"
+  FLAGGEMS_VENDOR=$1 "$venv/bin/flaggems" info | grep -E "^backend|^tuning|^  [a-z_]+: \{" || true
+  FLAGGEMS_VENDOR=$1 "$venv/bin/flaggems" routes | grep -A3 -E "^($2|copy_|_to_copy)[.:]" || true
+  FLAGGEMS_VENDOR=$1 "$venv/bin/python" examples/demo.py --only "$2"
+done

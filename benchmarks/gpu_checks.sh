@@ -4,7 +4,8 @@
 #   bash benchmarks/gpu_checks.sh [pytest selection...]
 # Writes logs and JSON under $OUT (or ./gpu-out). stevedore comes from .whl/.
 # STEPS picks what runs (default "tests hot_path bench"; also "small" (benchmarks/small_calls.py),
-# "models" (flaggems bench --models) and "probe" (benchmarks/probe.py)).
+# "models" (flaggems bench --models), "probe" (benchmarks/probe.py) and "vendors": each vendor's tests and
+# conformance kit simulated on this GPU, and its bench rows against the generic route or tuning).
 set -uo pipefail
 out=${OUT:-gpu-out}; mkdir -p "$out"
 export PYTHONUNBUFFERED=1
@@ -22,6 +23,24 @@ echo "== pytest"
 FLAGGEMS_CHECK_INDICES=1 timeout ${TEST_TIMEOUT:-330} python3 -m pytest -q -p no:cacheprovider --maxfail=25 \
   --ignore=tests/test_packaging.py "${@:-tests}" >"$out/pytest.log" 2>&1
 echo "pytest exit $?"; grep -E "^(FAILED|ERROR)|passed|failed" "$out/pytest.log" | tail -30
+fi
+if [[ $steps == *" vendors "* ]]; then
+echo "== vendors (simulated on this GPU)"
+for v in ascend kunlunxin hygon; do
+  FLAGGEMS_VENDOR=$v FLAGGEMS_CHECK_INDICES=1 timeout ${VENDOR_TEST_TIMEOUT:-120} python3 -m pytest -q \
+    -p no:cacheprovider tests/test_vendor_$v.py tests/test_conformance.py >>"$out/vendors_pytest.log" 2>&1
+  echo "$v pytest exit $?"; grep -E "^(FAILED|ERROR)|passed|failed" "$out/vendors_pytest.log" | tail -6
+done
+for spec in "ascend --op index_copy --route generic" "kunlunxin --op copy_ --route untuned" \
+            "hygon --op repeat_interleave --op index_select --route untuned"; do
+  set -- $spec; v=$1; shift
+  FLAGGEMS_VENDOR=$v timeout ${VENDOR_BENCH_TIMEOUT:-200} python3 -m flaggems bench "$@" \
+    --json "$out/bench_$v.json" >>"$out/vendors_bench.log" 2>&1
+  echo "$v bench exit $?"
+done
+FLAGGEMS_VENDOR=hygon timeout 120 python3 benchmarks/probe.py --only repeat_kernels --json "$out/probe_hygon.json" \
+  >>"$out/vendors_bench.log" 2>&1
+echo "hygon probe exit $?"; grep -E "speedup|geomean|repeat kernels" "$out/vendors_bench.log" | tail -40
 fi
 if [[ $steps == *" probe "* ]]; then
 echo "== probe"

@@ -303,6 +303,33 @@ def probe_repeat_parts() -> None:
         print(f"   {side} kernels: " + ", ".join(f"{k}={v:.1f}" for k, v in sorted(kernels.items())), flush=True)
 
 
+def probe_repeat_kernels() -> None:
+    """Seed 002's four cases, GPU µs per kernel: torch, flaggems (the active vendor's tuning) and untuned.
+
+    The prefix scan and the expand (which gathers the values itself: there is
+    no separate index_select) are reported apart, as the seed asks; run with
+    ``FLAGGEMS_VENDOR=hygon`` for the DCU's tuning on this GPU.
+    """
+    from flaggems.runtime import RUNTIME
+
+    rows, items = 17096, 854524
+    repeats = torch.full((rows,), items // rows, dtype=torch.int64, device="cuda")
+    repeats[: items % rows] += 1
+    values = torch.arange(rows, device="cuda")
+    cases = {"values dynamic": lambda: torch.repeat_interleave(values, repeats),
+             "values known": lambda: torch.repeat_interleave(values, repeats, output_size=items),
+             "Tensor dynamic": lambda: torch.repeat_interleave(repeats),
+             "Tensor known": lambda: torch.repeat_interleave(repeats, output_size=items)}
+    for name, call in cases.items():
+        for side in ("torch", "flaggems", "untuned"):
+            scope = RUNTIME.without_vendor_tuning() if side == "untuned" else contextlib.nullcontext()
+            with scope:
+                kernels = _profile_kernels(call, routed=side != "torch")
+            RESULTS[f"repeat kernels {name} {side}"] = kernels
+            print(f"repeat kernels {name:15s} {side:8s} total={sum(kernels.values()):.2f} " +
+                  ", ".join(f"{k}={v:.2f}" for k, v in sorted(kernels.items())), flush=True)
+
+
 def _stage_cases(items: int) -> dict[int, tuple[torch.Tensor, torch.Tensor]]:
     """``items`` outputs from 1 to ``items`` rows: (repeats, their cumsum) by row count."""
     cases = {}
@@ -1086,7 +1113,7 @@ def probe_unet() -> None:
 SECTIONS = {
     "repeat": (probe_repeat,), "repeat_parts": (probe_repeat_parts,), "repeat_stages": (probe_repeat_stages,),
     "repeat_sweep": (probe_repeat_sweep,), "repeat_host": (probe_repeat_host,),
-    "repeat_modes": (probe_repeat_modes,),
+    "repeat_modes": (probe_repeat_modes,), "repeat_kernels": (probe_repeat_kernels,),
     "group_norm": (probe_group_norm,), "group_norm_host": (probe_group_norm_host,),
     "group_norm_sweep": (probe_group_norm_sweep,),
     "index": (probe_index,), "index_sweep": (probe_index_sweep,),

@@ -8,6 +8,7 @@ the result equals torch's.
 
 from __future__ import annotations
 
+import argparse
 import logging
 from collections.abc import Callable
 from typing import Any
@@ -75,8 +76,15 @@ def _same(a: Any, b: Any) -> bool:
     return a.dtype == b.dtype and a.shape == b.shape and torch.allclose(a, b, rtol=1e-5, atol=1e-5)
 
 
-def main() -> int:
-    """Run every workload natively and through flaggems; return the number of mismatches."""
+def main(argv: list[str] | None = None) -> int:
+    """Run the workloads (``--only``: those whose name contains a word given) natively and through flaggems.
+
+    Returns the number of mismatches.
+    """
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--only", action="append", default=[], metavar="WORD",
+                        help="run only workloads whose name contains WORD (repeatable)")
+    only = parser.parse_args(argv).only
     active = flaggems.backend()
     dev = torch.device(active.device_type)
     print(f"backend {active.name}{' (simulated)' if active.simulated else ''} on {dev}: {active.reason}\n")
@@ -87,6 +95,8 @@ def main() -> int:
     dispatch.addHandler(recorder)
     failures = 0
     for name, run in workloads(dev):
+        if only and not any(word in name for word in only):
+            continue
         torch.manual_seed(0)
         expected = run()
         recorder.lines.clear()

@@ -348,3 +348,12 @@ def test_the_toolkit_never_imports_the_core_above_it():
                 upward += [f"{path.name}: import {a.name}" for a in node.names
                            if a.name.startswith("flaggems") and not a.name.startswith("flaggems.toolkit")]
     assert not upward, upward
+
+
+def test_device_facts_count_the_programs_a_device_runs_at_once():
+    from flaggems.toolkit.context import DeviceFacts
+
+    h200 = DeviceFacts(multiprocessors=132, threads_per_multiprocessor=2048)
+    assert h200.resident_programs(128) == 132 * 16 and h200.resident_programs(4096) == 132
+    assert DeviceFacts(multiprocessors=24).resident_programs(128) == 24  # one program a core (Ascend)
+    assert DeviceFacts().resident_programs(128) is None

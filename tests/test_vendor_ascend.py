@@ -141,6 +141,19 @@ def test_grid_is_capped_at_the_ai_cores_and_loops_over_the_tiles(ascend, monkeyp
     assert torch.equal(y.cpu(), torch.arange(2999.0, -1, -1))
 
 
+def test_the_grid_cap_is_the_programs_the_device_runs_at_once(ascend, monkeypatch):
+    """An NPU's AI cores (one program each); a GPU standing in for it: its resident 4-warp programs."""
+    from flaggems.toolkit.context import DeviceFacts
+
+    set_kernel_context(monkeypatch, facts_source=lambda index: DeviceFacts(multiprocessors=20, fp64=False))
+    assert ascend.ai_cores(DEV) == 20
+    set_kernel_context(monkeypatch, facts_source=lambda index: DeviceFacts(multiprocessors=132,
+                                                                           threads_per_multiprocessor=2048))
+    assert ascend.ai_cores(DEV) == 132 * 16
+    set_kernel_context(monkeypatch, facts_source=lambda index: DeviceFacts())
+    assert ascend.ai_cores(DEV) == ascend.DEFAULT_CORES
+
+
 def test_block_and_tiles_follow_the_workload():
     from flaggems_ascend import index_copy as kernels
 

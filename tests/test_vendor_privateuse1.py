@@ -23,6 +23,12 @@ pytestmark = pytest.mark.skipif(os.environ.get("FAKE_TORCH_NPU") != "1" or flagg
 NPU = "npu"
 
 
+@pytest.fixture(autouse=True)
+def copy_routed(monkeypatch):
+    """copy_ through flaggems here: these tests exercise its PrivateUse1 registration (Ascend leaves it native)."""
+    monkeypatch.setenv("FLAGGEMS_OP_copy_", "generic")
+
+
 def test_backend_is_ascend_on_privateuse1_not_simulated():
     info = flaggems.info()["backend"]
     assert (info["name"], info["dispatch_key"], info["simulated"], info["interpreter"]) == (

@@ -35,6 +35,8 @@ class DeviceFacts:
         max_grid: largest grid per axis.
         fp64: whether the device computes float64.
         bf16: whether the device computes bfloat16.
+        threads_per_multiprocessor: threads one multiprocessor keeps resident (2048 on an H200);
+            ``None`` where a core runs one program at a time (Ascend AI cores) or it is not known.
     """
 
     multiprocessors: int | None = None
@@ -43,6 +45,19 @@ class DeviceFacts:
     max_grid: tuple[int, int, int] = (2**31 - 1, 65535, 65535)
     fp64: bool = True
     bf16: bool = True
+    threads_per_multiprocessor: int | None = None
+
+    def resident_programs(self, threads_per_program: int) -> int | None:
+        """Programs of ``threads_per_program`` threads the whole device runs at once (``None``: not known).
+
+        One per multiprocessor where the facts give no thread capacity (a core runs one program).
+        """
+        if self.multiprocessors is None:
+            return None
+        per_unit = 1
+        if self.threads_per_multiprocessor:
+            per_unit = max(self.threads_per_multiprocessor // max(threads_per_program, 1), 1)
+        return self.multiprocessors * per_unit
 
 
 @functools.lru_cache(maxsize=64)
@@ -53,7 +68,8 @@ def cuda_facts(index: int) -> DeviceFacts:
     props = torch.cuda.get_device_properties(index)
     warp = int(getattr(props, "warp_size", 32) or 32)
     return DeviceFacts(multiprocessors=int(props.multi_processor_count),
-                       l2_bytes=int(getattr(props, "L2_cache_size", 0)), warp_size=warp)
+                       l2_bytes=int(getattr(props, "L2_cache_size", 0)), warp_size=warp,
+                       threads_per_multiprocessor=int(getattr(props, "max_threads_per_multi_processor", 0)) or None)
 
 
 def _no_tuning(key: str) -> Mapping[str, Any]:

@@ -3,8 +3,9 @@
 The target is viewed as ``[outer, dim_size, inner]`` (the dimensions before,
 at and after ``dim``) and ``source`` as ``[outer, n, inner]``; row ``j`` of
 ``source`` goes to row ``index[j]``. Two kernels, both looping over their
-tiles with a grid capped at the device's AI-core count (Ascend runs one
-program per core; more programs only queue):
+tiles with a grid capped at the programs the device runs at once: its AI-core
+count on an NPU (one program per core; more programs only queue), the
+resident programs of its multiprocessors when simulated on a GPU:
 
 * **flat** (``inner <= 4``): one source element per lane, its destination
   computed from its ``(o, j, i)`` coordinates; the block grows with the
@@ -39,6 +40,8 @@ from flaggems.toolkit.strided import strided_copy
 
 #: Programs when the backend reports no AI-core count (an Ascend 910B has 24 AI cores).
 DEFAULT_CORES = 24
+#: Warps per program (on an NPU, Triton-Ascend maps a program to one AI core whatever this says).
+WARPS = 4
 #: The flat kernel serves rows of at most this many elements.
 FLAT_MAX_INNER = 4
 #: Flat-kernel block sizes: the workload's elements spread over the cores, within these bounds.
@@ -92,14 +95,16 @@ def _launcher(kernel: object, **constexprs: int) -> FastLauncher:
     key = (kernel, *sorted(constexprs.items()))
     found = _LAUNCHERS.get(key)
     if found is None:
-        found = _LAUNCHERS[key] = FastLauncher(kernel, constexprs, num_warps=4)
+        found = _LAUNCHERS[key] = FastLauncher(kernel, constexprs, num_warps=WARPS)
     return found
 
 
 def ai_cores(device: torch.device) -> int:
-    """The device's AI-core count from the backend's device facts (:data:`DEFAULT_CORES` when not reported)."""
-    found = context.current().facts(device.index or 0).multiprocessors
-    return found or DEFAULT_CORES
+    """Programs the device runs at once: its AI cores, one program each (device facts; :data:`DEFAULT_CORES`
+    when not reported). Simulated on a GPU, the GPU's facts say how many 4-warp programs it keeps resident.
+    """
+    facts = context.current().facts(device.index or 0)
+    return facts.resident_programs(WARPS * facts.warp_size) or DEFAULT_CORES
 
 
 def flat_block(total: int, cores: int) -> int:
