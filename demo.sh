@@ -14,10 +14,13 @@ echo "== flaggems routes"
 echo "== seed workloads through flaggems"
 "$venv/bin/python" examples/demo.py
 # Each vendor plugin on its own backend: simulated here unless this machine has that vendor's device.
-for spec in "ascend index_copy" "kunlunxin copy_" "hygon repeat_interleave"; do
-  set -- $spec
-  echo "== FLAGGEMS_VENDOR=$1: its routes and workloads"
-  FLAGGEMS_VENDOR=$1 "$venv/bin/flaggems" info | grep -E "^backend|^tuning|^  [a-z_]+: \{" || true
-  FLAGGEMS_VENDOR=$1 "$venv/bin/flaggems" routes | grep -A3 -E "^($2|copy_|_to_copy)[.:]" || true
-  FLAGGEMS_VENDOR=$1 "$venv/bin/python" examples/demo.py --only "$2"
+# Per vendor: the ops whose routes it changes, then the demo workloads of its seed.
+declare -A ROUTES=([ascend]="index_copy index_copy_ copy_ _to_copy" [kunlunxin]="copy_"
+                   [hygon]="repeat_interleave.Tensor repeat_interleave.self_Tensor index_select")
+declare -A WORKLOADS=([ascend]="index_copy" [kunlunxin]="copy_" [hygon]="repeat_interleave")
+for vendor in ascend kunlunxin hygon; do
+  echo "== FLAGGEMS_VENDOR=$vendor: its routes and workloads"
+  FLAGGEMS_VENDOR=$vendor "$venv/bin/flaggems" info | grep -E "^backend|^tuning|^  [a-z_]+: \{" || true
+  for op in ${ROUTES[$vendor]}; do FLAGGEMS_VENDOR=$vendor "$venv/bin/flaggems" routes --op "$op"; done
+  FLAGGEMS_VENDOR=$vendor "$venv/bin/python" examples/demo.py --only "${WORKLOADS[$vendor]}"
 done

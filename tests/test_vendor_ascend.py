@@ -25,12 +25,26 @@ DEV = torch.device(flaggems.backend().device_type)
 
 
 @pytest.fixture
-def ascend():
-    """flaggems enabled with the ascend plugin's kernels; yields the kernel module."""
+def ascend(monkeypatch):
+    """flaggems enabled with the ascend plugin's kernels (on a GPU too, whatever the shape); the kernel module."""
     from flaggems_ascend import index_copy as kernels
 
+    monkeypatch.setattr(kernels, "PREFER_GENERIC_ON_GPU", False)
     with flaggems.enabled():
         yield kernels
+
+
+def test_on_a_gpu_only_small_in_place_calls_stay_with_the_ascend_kernels():
+    from flaggems_ascend import index_copy as kernels
+
+    assert not kernels.generic_is_faster("npu", False, 1 << 30)  # an NPU: the Ascend kernels, always
+    assert not kernels.generic_is_faster("cpu", False, 1 << 30)  # the interpreter: the kernels under test
+    assert not kernels.generic_is_faster("cuda", True, kernels.GPU_INPLACE_MAX)
+    assert kernels.generic_is_faster("cuda", True, kernels.GPU_INPLACE_MAX + 1)
+    assert kernels.generic_is_faster("cuda", False, 16)
+    x, index, source = torch.zeros(4, 3), torch.tensor([1]), torch.ones(1, 3)
+    assert kernels.supports_in_place(x, 0, index, source) is True
+    assert kernels.supports_out_of_place(x, 0, index, source) is True
 
 
 def _spy(monkeypatch, kernels) -> list[str]:

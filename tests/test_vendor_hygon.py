@@ -1,8 +1,8 @@
 """flaggems-hygon: sync-free ``repeat_interleave`` with ``output_size`` and ``index_select`` on a DCU (seed 002).
 
 The DCU runs the generic kernels; the plugin supplies configuration: the
-wavefront width through the device facts and the scan's threads through its
-tuning. These tests run wherever the ``hygon`` backend is active: simulated
+wavefront width, through the device facts that size the shared scan. These
+tests run wherever the ``hygon`` backend is active: simulated
 on the CPU interpreter (``tox -e hygon``) or on a GPU
 (``FLAGGEMS_VENDOR=hygon``), and on a DCU. The GPU-only ones prove what the
 interpreter cannot: no host synchronisation, and CUDA-graph capture.
@@ -63,21 +63,20 @@ def launches(monkeypatch) -> list[str]:
     return seen
 
 
-def test_the_generic_kernels_serve_with_the_dcus_tuning(ri):
+def test_the_generic_kernels_serve_the_dcu(ri):
     chosen = {r["op"]: r["chosen"] for r in flaggems.routes() if r["op"] in ROUTED}
     assert chosen == dict.fromkeys(ROUTED, "generic")
-    assert flaggems.tuning("scan") == {"threads": 256}
-    assert flaggems.info()["tuning"]["scan"] == {"threads": 256}
+    assert flaggems.tuning("scan") == {}  # the generic scan policy; the wavefront width comes from the facts
 
 
 def test_a_64_wide_wavefront_sizes_the_scan(ri, monkeypatch):
-    """Device facts of a DCU: four wavefronts a program, a 64-chunk look-back; results exact over windows."""
+    """Device facts of a DCU: two wavefronts a program (128 threads), a 64-chunk look-back; exact over windows."""
     current = context.current()
     set_kernel_context(monkeypatch, facts_source=lambda index: DeviceFacts(warp_size=64),
-                       tuning=lambda key: {"threads": 256, "chunk": 4, "block": 8, "sub": 2, "tile": 2}
+                       tuning=lambda key: {"chunk": 4, "block": 8, "sub": 2, "tile": 2}
                        if key == "scan" else current.tuning(key))
     kernels = ri._kernels(DEV)
-    assert (kernels.lanes, kernels.warps) == (64, 4)
+    assert (kernels.lanes, kernels.warps) == (64, 2)
     set_kernel_context(monkeypatch, checks=False)  # the known-size path as on a device (no validation sync)
     gen = torch.Generator().manual_seed(4)
     repeats = torch.randint(0, 6, (300,), generator=gen).to(DEV)  # 75 chunks: two look-back windows

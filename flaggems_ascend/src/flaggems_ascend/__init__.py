@@ -38,5 +38,6 @@ def flaggems_backends() -> tuple[Backend, ...]:
 def flaggems_operators(backend: Backend) -> tuple[OpImpl, ...]:
     """Ascend's index_copy kernels (:mod:`flaggems_ascend.index_copy`), tried before the generic ones."""
     common = {"vendor": "ascend", "replayable": True, "dtypes": ("float16", "bfloat16", "float32", "ints", "bool")}
-    return (OpImpl("index_copy_", "flaggems_ascend.index_copy:index_copy_", **common),
-            OpImpl("index_copy", "flaggems_ascend.index_copy:index_copy", **common))
+    module = "flaggems_ascend.index_copy"
+    return (OpImpl("index_copy_", f"{module}:index_copy_", supports=f"{module}:supports_in_place", **common),
+            OpImpl("index_copy", f"{module}:index_copy", supports=f"{module}:supports_out_of_place", **common))

@@ -8,27 +8,24 @@ The DCU runs the generic kernels: its differences are configuration. Its
 64-wide wavefronts come from the device facts (:func:`flaggems_hygon.probe.facts`),
 and the kernels size themselves by them: ``repeat_interleave``'s scan looks
 back one wavefront of predecessor chunks per step, and its programs' warp
-count is their thread count over the wavefront width. The tuning below sets
-those threads. ``repeat_interleave`` with ``output_size`` (the ``.Tensor``
+count is their thread count (the scan policy's ``threads``) over the
+wavefront width. ``repeat_interleave`` with ``output_size`` (the ``.Tensor``
 overload and the values API ``.self_Tensor``) sizes its output from it and
 never reads the device; ``index_select`` runs no separate range-check pass
 (both are the generic contract, which the DCU keeps). No Hygon kernel exists:
-no algorithm differs.
+no algorithm differs. No tuning either, yet: the one candidate tried (256
+threads a program, four wavefronts) made the expand 31% slower on the H200
+standing in for a DCU (RESULTS.md run 20), and no DCU was at hand to show
+otherwise (a measured value would go to a ``flaggems_tuning`` hook here).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
-from flaggems import Backend, Tuning, hookimpl
+from flaggems import Backend, hookimpl
 
 _DESCRIPTION = "Hygon DCUs through ROCm/HIP torch"
-
-#: 256 threads a program for repeat_interleave's scan and expand: four 64-wide wavefronts, the program
-#: shape the H200 measured best (four warps) and Triton's default on AMD-like devices. Not measured on a
-#: DCU (none here); what it costs on the H200 is in RESULTS.md.
-SCAN = {"threads": 256}
-
 
 @hookimpl
 def flaggems_backends() -> Sequence[Backend]:
@@ -38,8 +35,3 @@ def flaggems_backends() -> Sequence[Backend]:
                     description=_DESCRIPTION)
     return (hygon,)
 
-
-@hookimpl
-def flaggems_tuning(backend: Backend) -> Sequence[Tuning]:
-    """The DCU's launch policy for the shared scan/expand kernels: configuration, not a copied kernel."""
-    return (Tuning("scan", SCAN, vendor="hygon"),)
