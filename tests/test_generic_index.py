@@ -291,7 +291,7 @@ def small_tiles(monkeypatch):
 
     scan = {"block": 8, "sub": 2, "fanout": 4, "chunk": 4, "lookback": 2, "tile": 2}
     set_kernel_context(monkeypatch, tuning=lambda key: scan if key == "scan" else {})
-    kernels = ri._kernels(DEV)  # the op's calls use this object: tests patch its launchers
+    kernels = ri._kernels(torch.empty(0, device=DEV).device)  # the op's calls use this object (cuda:0, not cuda)
     sizes = (kernels.block, kernels.sub, kernels.fanout, kernels.chunk, kernels.lanes, kernels.tile)
     assert sizes == (8, 2, 4, 4, 2, 2)
     return kernels

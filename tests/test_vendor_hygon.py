@@ -75,7 +75,7 @@ def test_a_64_wide_wavefront_sizes_the_scan(ri, monkeypatch):
     set_kernel_context(monkeypatch, facts_source=lambda index: DeviceFacts(warp_size=64),
                        tuning=lambda key: {"chunk": 4, "block": 8, "sub": 2, "tile": 2}
                        if key == "scan" else current.tuning(key))
-    kernels = ri._kernels(DEV)
+    kernels = ri._kernels(torch.empty(0, device=DEV).device)
     assert (kernels.lanes, kernels.warps) == (64, 2)
     set_kernel_context(monkeypatch, checks=False)  # the known-size path as on a device (no validation sync)
     gen = torch.Generator().manual_seed(4)
