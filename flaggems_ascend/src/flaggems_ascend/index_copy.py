@@ -21,11 +21,13 @@ Nothing launches for an empty index or empty rows.
 Contract: the target (``self`` in place; the fresh contiguous result out of
 place) must be contiguous: a strided ``self`` in place declines to the next
 implementation (the generic kernels, which take any layout). A strided
-``source`` is first copied dense by the toolkit's copy kernel. float64 never arrives: the
-backend declares it unsupported, so the core sends it to torch_npu.
+``source`` is first copied dense by the toolkit's copy kernel. float64 never
+arrives: the backend declares it unsupported, so the core sends it to torch_npu.
 """
 
 from __future__ import annotations
+
+import math
 
 import torch
 import triton
@@ -160,8 +162,8 @@ def scatter(call: front.Call) -> None:
         strided_copy(out, self)
     target = call.target
     shape = target.shape
-    outer, dim_size, n = _prod(shape[:dim]), shape[dim], index.numel()
-    inner = _prod(shape[dim + 1:])
+    outer, dim_size, n = math.prod(shape[:dim]), shape[dim], index.numel()
+    inner = math.prod(shape[dim + 1:])
     total = outer * n * inner
     if total == 0:
         return
@@ -185,13 +187,6 @@ def _dense(source: torch.Tensor) -> torch.Tensor:
     dense = torch.empty_like(source, memory_format=torch.contiguous_format)
     strided_copy(dense, source)
     return dense
-
-
-def _prod(sizes: torch.Size) -> int:
-    out = 1
-    for s in sizes:
-        out *= s
-    return out
 
 
 index_copy_, index_copy = front.entries(scatter)
