@@ -56,6 +56,21 @@ def workloads(device: str) -> dict[str, Callable[[], Callable[[], torch.Tensor]]
         x = torch.randn(4096, device=device)
         return lambda: torch.repeat_interleave(x, 64)
 
+    def seed_repeats():
+        rows, items = 17096, 854524  # seed 002's case
+        repeats = torch.full((rows,), items // rows, dtype=torch.int64, device=device)
+        repeats[: items % rows] += 1
+        return repeats, items
+
+    def repeat_interleave_known():
+        repeats, items = seed_repeats()
+        return lambda: torch.repeat_interleave(repeats, output_size=items)
+
+    def repeat_interleave_values_known():
+        repeats, items = seed_repeats()
+        values = torch.randn(repeats.shape[0], device=device)
+        return lambda: torch.repeat_interleave(values, repeats, dim=0, output_size=items)
+
     def group_norm_small():
         x = torch.randn(2, 64, 16, 16, device=device, dtype=torch.float16)
         w = torch.randn(64, device=device, dtype=torch.float16)
@@ -70,6 +85,8 @@ def workloads(device: str) -> dict[str, Callable[[], Callable[[], torch.Tensor]]
         "index_select [64,64] dim0": index_select_64,
         "repeat_interleave self_int 4096x64": repeat_interleave_int,
         "group_norm [2,64,16,16] fp16 G=32": group_norm_small,
+        "repeat_interleave.Tensor output_size, 17096 -> 854524": repeat_interleave_known,
+        "repeat_interleave values output_size, 17096 -> 854524": repeat_interleave_values_known,
     }
 
 
@@ -107,12 +124,14 @@ def kernel_time(call: Callable[[], torch.Tensor], device: str) -> float | None:
     return triton.testing.do_bench(call, warmup=25, rep=100, return_mode="median") * 1e3
 
 
-def run(calls: int, rounds: int) -> list[dict]:
-    """Measure every workload; returns one row per workload."""
+def run(calls: int, rounds: int, only: str | None = None) -> list[dict]:
+    """Measure every workload (or those whose name contains ``only``); returns one row per workload."""
     device = "cuda" if torch.cuda.is_available() else "cpu"
     sides = ("torch", "compiled", "python")
     rows = []
     for name, factory in workloads(device).items():
+        if only and only not in name:
+            continue
         call = factory()
         _use("torch")
         expected = call().clone()
@@ -177,9 +196,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json")
     parser.add_argument("--calls", type=int, default=200)
     parser.add_argument("--rounds", type=int, default=9)
+    parser.add_argument("--only", help="measure only the workloads whose name contains this")
     args = parser.parse_args(argv)
     flaggems.backend()
-    rows = run(args.calls, args.rounds)
+    rows = run(args.calls, args.rounds, args.only)
     if args.json:
         meta = {"torch": torch.__version__, "device": torch.cuda.get_device_name() if torch.cuda.is_available()
                 else "cpu", "date": time.strftime("%Y-%m-%d")}

@@ -13,8 +13,10 @@ result) while watching what it does:
 
 and answers one of:
 
-* ``("replay", allocations, steps, returns)``: the call was served by launches
-  over its inputs and fresh allocations only;
+* ``("replay", allocations, steps, returns[, pinned, stream])``: the call was
+  served by launches over its inputs and fresh allocations only, or also over
+  state buffers the plan owns (:meth:`flaggems.toolkit.recording.Recording.pin`),
+  which bind the plan to the stream they were recorded on;
 * ``("native",)``: every implementation declined from metadata alone (no data
   was read), so the native kernel serves this key from now on;
 * ``("autograd", forward, ...)``: the call was served by
@@ -71,6 +73,8 @@ class _Watch(TorchDispatchMode):
 
     def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
         out = func(*args, **(kwargs or {}))
+        if self.recording.quiet:
+            return out  # the recording's own state buffer (Recording.pin)
         if isinstance(out, torch.Tensor) and out.device.type == "meta":
             return out  # shape arithmetic of a plan being built: no memory, no device work
         if func in ALLOCATING:
@@ -111,8 +115,8 @@ def replay_spec(recording: rec_mod.Recording, result: Any, *, graph_free: bool =
             returns.append(None)
             continue
         view = recording.view(out)
-        if view is None:
-            return PYTHON_PLAN
+        if view is None or view[0] == rec_mod.PINNED:
+            return PYTHON_PLAN  # a result must be the call's own memory, never the plan's state
         returns.append(view)
     kept = {out.untyped_storage().data_ptr() for out in outputs if out is not None}
     for alloc in recording.allocations:
@@ -121,6 +125,9 @@ def replay_spec(recording: rec_mod.Recording, result: Any, *, graph_free: bool =
         if alloc.ref() is not None and alloc.begin not in kept:
             return PYTHON_PLAN  # kept alive by the implementation: a persistent workspace, not the call's own
     allocations = tuple((a.sizes, a.strides, a.dtype) for a in recording.allocations)
+    if recording.pinned:
+        return ("replay", allocations, tuple(recording.steps), tuple(returns), tuple(recording.pinned),
+                recording.stream)
     return ("replay", allocations, tuple(recording.steps), tuple(returns))
 
 
@@ -170,8 +177,8 @@ def autograd_spec(recording: rec_mod.Recording, notes: Sequence[autograd.Note], 
             o is not r for o, r in zip(outputs, note.results)):
         return PYTHON_PLAN  # the front returned something else than the node's outputs
     forward = replay_spec(recording, note.results, graph_free=False)
-    if forward[0] != "replay":
-        return PYTHON_PLAN
+    if forward[0] != "replay" or len(forward) > 4:
+        return PYTHON_PLAN  # a forward with state buffers: the node's replay does not bind streams
     slots = []
     for tensor in note.differentiable:
         index = -1 if tensor is None else _input_index(recording, tensor)

@@ -112,6 +112,52 @@ def test_persistent_workspace_stays_on_python_path(replay_neg):
     assert kernels.CALLS.count("persistent_neg") == 3
 
 
+def test_state_buffer_becomes_the_plans_and_replays(replay_neg):
+    """Launches sharing the workspace's zeroed state replay with a state buffer the plan owns."""
+    for _ in range(4):
+        x = torch.randn(200, device=dev())
+        assert torch.equal(torch.cos(x), minus(x)), "a dirty state word writes NaN"
+    stats = _stats(replay_neg, "cos")
+    assert (stats["miss"], stats["replay"], stats["python"]) == (1, 3, 0)
+    assert kernels.CALLS == ["stateful_neg"]
+
+
+def test_state_buffer_replays_are_serialised_across_threads(replay_neg):
+    torch.cos(torch.randn(300, device=dev()))  # plan
+    errors: list[BaseException] = []
+
+    def work() -> None:
+        try:
+            for _ in range(5):
+                x = torch.randn(300, device=dev())
+                assert torch.equal(torch.cos(x), minus(x))
+        except BaseException as exc:  # noqa: BLE001 - reported by the main thread
+            errors.append(exc)
+
+    threads = [threading.Thread(target=work) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
+    assert _stats(replay_neg, "cos")["replay"] == 20
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_state_plan_on_another_stream_takes_the_python_path(replay_neg):
+    x = torch.randn(500, device="cuda")
+    torch.cos(x)
+    torch.cos(x)  # plan on the current stream, then a replay
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        out = torch.cos(x)
+    torch.cuda.current_stream().wait_stream(side)
+    assert torch.equal(out, minus(x))
+    stats = _stats(replay_neg, "cos")
+    assert (stats["replay"], stats["python"]) == (1, 1)
+
+
 def test_host_read_stays_on_python_path(replay_neg):
     x = torch.randn(32, device=dev())
     for _ in range(2):

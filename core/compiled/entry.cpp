@@ -40,6 +40,7 @@
 #include <cstring>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <shared_mutex>
 #include <string>
 #include <unordered_map>
@@ -113,7 +114,7 @@ Driver& driver() {
 
 // ---------------------------------------------------------------- plans
 enum class PlanKind { kReplay = 0, kNative = 1, kPython = 2, kAutograd = 3 };
-enum class Source { kInput = 0, kAlloc = 1 };
+enum class Source { kInput = 0, kAlloc = 1, kPinned = 2 };
 
 // One parameter of a driver launch: a pointer into an input or allocation, a
 // constant (its bytes), or a null pointer (Triton's unused scratch slots).
@@ -178,6 +179,22 @@ struct Plan {
   std::vector<Step> steps;
   std::vector<ViewSpec> returns;  // index -1: an undefined tensor (a gradient not asked for)
   std::shared_ptr<const AutogradSpec> autograd;
+  // State buffers the plan owns (zero between calls, e.g. a scan's status words): the plan replays on
+  // ``stream`` only (another stream takes the Python path), one replay at a time.
+  std::vector<at::Tensor> pinned;
+  int64_t stream = 0;
+  bool python_steps = false;
+  mutable std::mutex serial;
+};
+
+// Where a launch parameter or a view points: the call's inputs, its fresh allocations, the plan's state.
+struct Operands {
+  const std::vector<at::Tensor>& inputs;
+  const std::vector<at::Tensor>& allocs;
+  const std::vector<at::Tensor>& pinned;
+  const at::Tensor& of(Source source, int32_t index) const {
+    return source == Source::kInput ? inputs[index] : source == Source::kAlloc ? allocs[index] : pinned[index];
+  }
 };
 
 // ---------------------------------------------------------------- keys
@@ -410,15 +427,14 @@ struct AutogradSpec {
 }
 
 // ---------------------------------------------------------------- replay
-at::Tensor view_of(const ViewSpec& v, const std::vector<at::Tensor>& inputs, const std::vector<at::Tensor>& allocs) {
+at::Tensor view_of(const ViewSpec& v, const Operands& ops) {
   if (v.index < 0) return at::Tensor();
-  const at::Tensor& base = v.source == Source::kInput ? inputs[v.index] : allocs[v.index];
+  const at::Tensor& base = ops.of(v.source, v.index);
   if (v.as_is) return base;
   return base.as_strided(v.sizes, v.strides, v.offset);
 }
 
-void launch_driver(const DriverLaunch& l, const std::vector<at::Tensor>& inputs, const std::vector<at::Tensor>& allocs,
-                   void* stream) {
+void launch_driver(const DriverLaunch& l, const Operands& ops, void* stream) {
   const size_t n = l.params.size();
   int64_t storage[64];
   void* pointers[64];
@@ -427,7 +443,7 @@ void launch_driver(const DriverLaunch& l, const std::vector<at::Tensor>& inputs,
     const Param& p = l.params[i];
     switch (p.kind) {
       case Param::kPointer: {
-        const at::Tensor& base = p.source == Source::kInput ? inputs[p.index] : allocs[p.index];
+        const at::Tensor& base = ops.of(p.source, p.index);
         storage[i] = reinterpret_cast<int64_t>(base.data_ptr()) + p.value;
         break;
       }
@@ -467,12 +483,12 @@ void launch_driver(const DriverLaunch& l, const std::vector<at::Tensor>& inputs,
   }
 }
 
-void launch_python(const PyLaunch& l, const std::vector<at::Tensor>& inputs, const std::vector<at::Tensor>& allocs) {
+void launch_python(const PyLaunch& l, const Operands& ops) {
   py::gil_scoped_acquire gil;
   py::tuple args(l.args.size());
   for (size_t i = 0; i < l.args.size(); ++i) args[i] = l.args[i];
   for (const PyTensorSlot& slot : l.slots) {
-    args[slot.position] = py::reinterpret_steal<py::object>(THPVariable_Wrap(view_of(slot.view, inputs, allocs)));
+    args[slot.position] = py::reinterpret_steal<py::object>(THPVariable_Wrap(view_of(slot.view, ops)));
   }
   try {
     l.launcher(l.grid, *args);
@@ -523,6 +539,49 @@ at::Tensor allocate(const AllocSpec& a, const at::Device& device) {
   return at::empty_strided(a.sizes, a.strides, at::TensorOptions().dtype(a.dtype).device(device));
 }
 
+void launch_steps(const Plan& plan, const Operands& ops, void* stream) {
+  for (const Step& step : plan.steps) {
+    if (step.cuda) {
+      launch_driver(*step.cuda, ops, stream);
+    } else {
+      launch_python(*step.python, ops);
+    }
+  }
+}
+
+// A plan with state: one replay at a time, and the state zeroed again if a launch fails half-way (the
+// next replay must find it zero). Lock order: the plan's mutex, then the GIL (a Python step's torch ops
+// release the GIL while its replay holds the mutex), so a thread holding the GIL waits without it.
+void launch_serially(const Plan& plan, const Operands& ops, void* stream) {
+  std::unique_lock<std::mutex> serial(plan.serial, std::try_to_lock);
+  if (!serial.owns_lock()) {
+    if (PyGILState_Check()) {
+      py::gil_scoped_release released;
+      serial.lock();
+    } else {
+      serial.lock();
+    }
+  }
+  std::optional<py::gil_scoped_acquire> gil;
+  if (plan.python_steps) gil.emplace();
+  try {
+    launch_steps(plan, ops, stream);
+  } catch (...) {
+    for (const at::Tensor& state : plan.pinned) const_cast<at::Tensor&>(state).zero_();
+    throw;
+  }
+}
+
+// Whether a plan with state may replay here: on the stream it was recorded on (CPU: always).
+bool on_plan_stream(const Plan& plan, const std::vector<at::Tensor>& inputs) {
+  if (plan.pinned.empty()) return true;
+  const at::Device device = inputs.empty() ? at::Device(at::kCPU) : inputs[0].device();
+  if (device.type() == at::kCPU) return true;
+  if (device.type() != at::kCUDA) return false;
+  c10::impl::VirtualGuardImpl impl(device.type());
+  return reinterpret_cast<int64_t>(impl.getStream(device).native_handle()) == plan.stream;
+}
+
 std::vector<at::Tensor> run_plan(const Plan& plan, const std::vector<at::Tensor>& inputs, PhaseClock& clock,
                                  Stats& stats) {
   const at::Device device = inputs.empty() ? at::Device(at::kCPU) : inputs[0].device();
@@ -540,17 +599,16 @@ std::vector<at::Tensor> run_plan(const Plan& plan, const std::vector<at::Tensor>
   allocs.reserve(plan.allocs.size());
   for (const AllocSpec& a : plan.allocs) allocs.push_back(allocate(a, device));
   clock.lap(stats.alloc_ns);
-  for (const Step& step : plan.steps) {
-    if (step.cuda) {
-      launch_driver(*step.cuda, inputs, allocs, stream);
-    } else {
-      launch_python(*step.python, inputs, allocs);
-    }
+  const Operands ops{inputs, allocs, plan.pinned};
+  if (plan.pinned.empty()) {
+    launch_steps(plan, ops, stream);
+  } else {
+    launch_serially(plan, ops, stream);
   }
   clock.lap(stats.launch_ns);
   std::vector<at::Tensor> results;
   results.reserve(plan.returns.size());
-  for (const ViewSpec& r : plan.returns) results.push_back(view_of(r, inputs, allocs));
+  for (const ViewSpec& r : plan.returns) results.push_back(view_of(r, ops));
   return results;
 }
 
@@ -643,10 +701,18 @@ std::shared_ptr<Plan> parse_replay(py::tuple t) {
       out.cuda = parse_cuda(step);
     } else {
       out.python = parse_python(step);
+      plan->python_steps = true;
     }
     plan->steps.push_back(std::move(out));
   }
   for (py::handle r : t[3]) plan->returns.push_back(parse_view(r));
+  if (t.size() > 4) {  // (..., pinned, stream)
+    for (py::handle p : t[4]) {
+      TORCH_CHECK(THPVariable_Check(p.ptr()), "flaggems: a pinned state buffer must be a tensor");
+      plan->pinned.push_back(THPVariable_Unpack(p.ptr()));
+    }
+    plan->stream = t[5].cast<int64_t>();
+  }
   return plan;
 }
 
@@ -958,6 +1024,13 @@ void serve(OpState& st, torch::jit::Stack* stack) {
     if (found != st.plans.end()) plan = found->second;
   }
   clock.lap(st.stats.lookup_ns);
+  if (plan && !on_plan_stream(*plan, inputs)) {
+    py::gil_scoped_acquire gil;  // another stream than the plan's state serves: the Python path, uncached
+    st.stats.python.fetch_add(1, std::memory_order_relaxed);
+    py::object result = call_python(st, st.entry, nullptr, stack, num_args);
+    push_result(st, stack, num_args, result);
+    return;
+  }
   if (plan) {
     switch (plan->kind) {
       case PlanKind::kReplay:

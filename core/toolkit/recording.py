@@ -8,6 +8,13 @@ by address), or a constant. Anything a step cannot describe (an address in
 neither, a launch form the replay does not know) *taints* the recording: the
 planner then keeps the call on the Python path.
 
+State the call keeps between calls (a scan's status words, zero again when
+its launches end: :mod:`.workspace`) is *pinned*: while recording, the
+workspace hands out a buffer owned by the plan (:meth:`Recording.pin`), and
+pointers into it are described as such. The plan then holds that buffer and
+the stream it was recorded on; its replays run on that stream only, one at a
+time (another stream takes the Python path, whose buffers are per stream).
+
 Two step forms:
 
 * ``cuda``: the compiled kernel's function handle, launch configuration and
@@ -33,7 +40,7 @@ from typing import Any
 
 import torch
 
-INPUT, ALLOCATION = 0, 1
+INPUT, ALLOCATION, PINNED = 0, 1, 2
 
 #: Byte width of the constants a ``cuda`` step may pass (Triton signature types).
 _CONSTANT_BYTES = {"i1": 1, "i8": 1, "i16": 2, "i32": 4, "i64": 8, "u1": 1, "u8": 1, "u16": 2, "u32": 4, "u64": 8,
@@ -66,6 +73,11 @@ class Recording:
     allocations: list[Allocation] = field(default_factory=list)
     steps: list[tuple] = field(default_factory=list)
     taint: str | None = None
+    #: Buffers the plan owns (state zero between calls) and the stream they serve (a native handle; 0 on CPU).
+    pinned: list[torch.Tensor] = field(default_factory=list)
+    stream: int | None = None
+    #: Above zero while the recording makes its own buffers (the planner's watch ignores those ops).
+    quiet: int = 0
 
     def spoil(self, reason: str) -> None:
         """Mark the call as not replayable (the first reason is kept)."""
@@ -80,9 +92,34 @@ class Recording:
                                            tuple(tensor.shape), tuple(tensor.stride()), tensor.dtype,
                                            tensor.device))
 
+    def pin(self, like: torch.Tensor, words: int, stream: int) -> torch.Tensor:
+        """A zeroed int64 buffer of ``words`` owned by the plan being recorded, for ``stream``.
+
+        Its users keep the workspace contract (the words they set are zero
+        again when their launches end), so every replay finds it zeroed. One
+        stream per recording: a second one, or a stream being captured into a
+        CUDA graph (the buffer would come from the graph's pool), spoils it.
+        """
+        if self.stream is not None and stream != self.stream:
+            self.spoil("state buffers of two streams")
+        if like.device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+            self.spoil("state buffer asked for during CUDA graph capture")
+        self.quiet += 1
+        try:
+            buffer = torch.zeros(words, dtype=torch.int64, device=like.device)
+        finally:
+            self.quiet -= 1
+        self.pinned.append(buffer)
+        self.stream = stream
+        return buffer
+
     def locate(self, tensor: torch.Tensor) -> tuple[int, int, int] | None:
         """``(source, index, byte delta from its data pointer)`` of the memory ``tensor`` points at."""
         address = tensor.data_ptr()
+        for index, buffer in enumerate(self.pinned):
+            begin = buffer.data_ptr()
+            if begin <= address < begin + buffer.numel() * buffer.element_size():
+                return PINNED, index, address - begin
         for index in range(len(self.allocations) - 1, -1, -1):  # the newest live one: addresses are reused
             alloc = self.allocations[index]
             if alloc.begin <= address < max(alloc.end, alloc.begin + 1) and alloc.ref() is not None:
@@ -100,6 +137,13 @@ class Recording:
         if where is None:
             return None
         source, index, _ = where
+        if source == PINNED:
+            base = self.pinned[index]
+            if tensor.dtype != base.dtype:
+                return None
+            if tensor.storage_offset() == 0 and tensor.shape == base.shape and tensor.stride() == base.stride():
+                return (PINNED, index, True, (), (), 0)
+            return (PINNED, index, False, tuple(tensor.shape), tuple(tensor.stride()), tensor.storage_offset())
         base_dtype = self.inputs[index].dtype if source == INPUT else self.allocations[index].dtype
         if tensor.dtype != base_dtype:
             return None

@@ -30,6 +30,7 @@ import threading
 
 import torch
 
+from . import recording
 from .launch import _device
 
 #: Words in a first buffer: enough for the common cases, so that it is rarely regrown.
@@ -61,14 +62,29 @@ def _buffer(key: tuple[str, int, int], like: torch.Tensor, words: int) -> torch.
     return buffer
 
 
+def _pinned(like: torch.Tensor, words: int, key: tuple[str, int, int]) -> torch.Tensor | None:
+    """While a call is recorded for the compiled entry: a buffer its plan owns (CPU and CUDA only), else None."""
+    rec = recording.current()
+    if rec is None:
+        return None
+    if key[0] not in ("cpu", "cuda"):
+        rec.spoil(f"state buffer on {key[0]}: the replay keys streams of CPU and CUDA only")
+        return None
+    return rec.pin(like, words, key[2])
+
+
 def zeroed_scratch(like: torch.Tensor, words: int) -> torch.Tensor:
     """An int64 buffer of at least ``words`` zeros on ``like``'s device, for the current stream.
 
     The caller's launches must leave every word they touched zero when they end.
     The first call per stream (or one that needs more words) allocates it with
-    ``torch.zeros``; later calls are one dictionary lookup.
+    ``torch.zeros``; later calls are one dictionary lookup. A call being
+    recorded for the compiled entry gets a buffer of its plan instead
+    (:meth:`.recording.Recording.pin`): the replays use it, on that stream.
     """
-    return _buffer(_stream_key(like), like, words)
+    key = _stream_key(like)
+    pinned = _pinned(like, words, key)
+    return _buffer(key, like, words) if pinned is None else pinned
 
 
 def claim_scratch(like: torch.Tensor, words: int) -> tuple[torch.Tensor, threading.Lock]:
@@ -83,4 +99,5 @@ def claim_scratch(like: torch.Tensor, words: int) -> tuple[torch.Tensor, threadi
     lock = _LOCKS.get(key)
     if lock is None:
         lock = _LOCKS.setdefault(key, threading.Lock())
-    return _buffer(key, like, words), lock
+    pinned = _pinned(like, words, key)
+    return (_buffer(key, like, words) if pinned is None else pinned), lock

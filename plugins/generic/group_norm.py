@@ -33,12 +33,15 @@ the dx launch's extra programs sum ``dweight``/``dbias``. Two launches each
 way instead of three: forward+backward fp32 on 2x320x64x64 went from 0.64x
 to 0.87x of torch (H200, benchmarks/RESULTS.md run 4), being host-bound.
 
-Layout and dtypes follow torch's native kernels: ``y`` in the input's
-suggested memory format; ``dx`` in it on CPU and contiguous elsewhere (as
-torch); mean/rstd ``[N, G]`` in the input dtype, or fp32 when a half input
-comes with fp32 affine parameters (mixed, accepted where torch accepts it: on
-CPU). Shape errors torch's ``check_group_norm_inputs`` reports are raised with
-its messages; every other invalid call declines, so torch raises its own error.
+torch's semantics are :mod:`flaggems.fronts.group_norm`'s (checks, dtypes,
+output layouts and allocation): ``y`` in the input's suggested memory format;
+``dx`` in it on CPU and contiguous elsewhere (as torch); mean/rstd ``[N, G]``
+in the input dtype, or fp32 when a half input comes with fp32 affine
+parameters (mixed, accepted where torch accepts it: on CPU). Shape errors
+torch's ``check_group_norm_inputs`` reports are raised with its messages;
+every other invalid call declines, so torch raises its own error. The front's
+checks run when a plan is built (they read only what the plan's key holds);
+per call only its allocations run.
 A strided weight (``randn(3C)[::3]``) is read through its strides: the backward
 equals an independent float64 composite to 1e-12, where torch's CUDA kernel
 differs by ~1e-4 (it reads the weight as dense; tests/test_generic_group_norm.py).
@@ -55,13 +58,15 @@ import torch
 import triton
 import triton.language as tl
 
-from flaggems import Decline
+from flaggems.fronts import group_norm as front
+from flaggems.fronts.group_norm import HALF_DTYPES as HALF_DTYPES  # re-exported (defined here before the front)
+from flaggems.fronts.group_norm import check_group_norm_inputs as check_group_norm_inputs  # re-exported
+from flaggems.fronts.group_norm import suggest_memory_format
 from flaggems.toolkit import FastLauncher, cdiv, collapse_dims, context, next_pow2, tuning
 from flaggems.toolkit.jit_helpers import hint16 as _hint16
 from flaggems.toolkit.jit_helpers import index_type as _index
 
-FLOAT_DTYPES = frozenset({torch.float16, torch.bfloat16, torch.float32, torch.float64})
-HALF_DTYPES = frozenset({torch.float16, torch.bfloat16})
+FLOAT_DTYPES = front.DTYPES  # re-exported, as HALF_DTYPES
 
 # Tiles and grid (tile, num_warps, finalize_tile, param_tile, param_min_channels, max_chunks, fuse_limit,
 # programs_per_sm) are the typed launch policy ``flaggems.toolkit.tuning.GroupNormPolicy`` (tuning key
@@ -558,77 +563,6 @@ def _cached_launcher(kernel: Any, num_warps: int, **constexprs: Any) -> FastLaun
     return FastLauncher(kernel, constexprs, num_warps=num_warps)
 
 
-def suggest_memory_format(t: torch.Tensor) -> torch.memory_format:
-    """torch's ``Tensor::suggest_memory_format()`` (cheap for the unambiguous cases)."""
-    if t.dim() not in (4, 5):
-        return torch.contiguous_format
-    last = torch.channels_last if t.dim() == 4 else torch.channels_last_3d
-    dense, channels_last = t.is_contiguous(), t.is_contiguous(memory_format=last)
-    if dense != channels_last:
-        return torch.contiguous_format if dense else last
-    from torch._prims_common import suggest_memory_format as reference
-
-    return reference(t)
-
-
-# --------------------------------------------------------------------------- host: checks
-def _sizes(t: torch.Tensor | None) -> list[int]:
-    return [0] if t is None else list(t.shape)
-
-
-def check_group_norm_inputs(x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None, C: int,
-                            group: int) -> None:
-    """torch's ``check_group_norm_inputs``: same checks, order and messages."""
-    if group <= 0:
-        raise RuntimeError(f"Expected num groups to be greater than 0, got {group}")
-    if C % group != 0:
-        raise RuntimeError("Expected number of channels in input to be divisible by num_groups, but got input "
-                           f"of shape {_sizes(x)} and num_groups={group}")
-    if weight is not None and (weight.dim() != 1 or weight.numel() != C):
-        raise RuntimeError("Expected weight to be a vector of size equal to the number of channels in input, "
-                           f"but got weight of shape {_sizes(weight)} and input of shape {_sizes(x)}")
-    if bias is not None and (bias.dim() != 1 or bias.numel() != C):
-        # torch prints the weight's shape here (an undefined weight prints [0]).
-        raise RuntimeError("Expected bias to be a vector of size equal to the number of channels in input, "
-                           f"but got bias of shape {_sizes(weight)} and input of shape {_sizes(x)}")
-
-
-def _param_dtype(x: torch.Tensor, params: tuple[torch.Tensor | None, ...]) -> torch.dtype | None:
-    """dtype of mean/rstd as torch picks it, or ``None`` for a combination torch rejects."""
-    defined = [p for p in params if p is not None]
-    if all(p.dtype == x.dtype for p in defined):
-        return x.dtype
-    mixed = x.dtype in HALF_DTYPES and x.device.type == "cpu"  # elsewhere torch's kernels reject mixed dtypes
-    if mixed and all(p.dtype == torch.float32 for p in defined):
-        return torch.float32
-    return None
-
-
-def _common_reason(x: torch.Tensor, N: int, C: int, HxW: int) -> str | None:
-    if x.dtype not in FLOAT_DTYPES:
-        return f"dtype {x.dtype}"
-    if x.layout != torch.strided or x.is_neg() or x.is_conj():
-        return "non-strided layout or view bit"
-    if x.numel() != N * C * HxW:
-        return "X.numel() != N * C * HxW (torch raises)"
-    if x.numel() == 0:
-        return "empty input"
-    return None
-
-
-def _forward_reason(x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None, N: int, C: int,
-                    HxW: int) -> str | None:
-    reason = _common_reason(x, N, C, HxW)
-    if reason:
-        return reason
-    for p in (weight, bias):
-        if p is not None and p.device != x.device:
-            return "affine parameter on another device (torch raises)"
-    if _param_dtype(x, (weight, bias)) is None:
-        return "affine dtype combination torch rejects"
-    return None
-
-
 def _dense(param: torch.Tensor | None) -> torch.Tensor | None:
     """A strided affine parameter copied (C elements; torch's CPU kernel would ignore its strides)."""
     return param if param is None or param.is_contiguous() else param.contiguous()
@@ -682,7 +616,7 @@ def _forward_plan(x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tens
                           BLOCK_J=next_pow2(D * K) if fused else 1, **tile, **common)
     xs, ys = layout.strides
     return ForwardPlan(
-        y_format, _param_dtype(x, (weight, bias)), torch.float64 if f64 else torch.float32,
+        y_format, front.stat_dtype(x, (weight, bias)), torch.float64 if f64 else torch.float32,
         stat_at if fused else stat_at + 2 * NG, x_contiguous,
         (stats, (N * tiling.cblocks * K,), (C, HxW, layout.S0, *xs, tiling.cblocks, K, tiling.chunk_tiles, m2_at)),
         finalize,
@@ -703,28 +637,22 @@ def native_group_norm(input: torch.Tensor, weight: torch.Tensor | None, bias: to
     As the aten op (``dense_only``), an input that is not dense in its suggested
     memory format declines: torch's kernel raises for it. ``aten::group_norm``
     (:mod:`.group_norm_op`) passes ``dense_only=False`` and reads any layout in place.
-    Everything checked depends only on the plan key: a call whose key has a
-    plan was valid, so the hot path checks nothing.
+    Everything checked (:func:`flaggems.fronts.group_norm.check_forward`)
+    depends only on the plan key: a call whose key has a plan was valid, so
+    the hot path checks nothing; per call it allocates the outputs
+    (:func:`~flaggems.fronts.group_norm.allocate_forward`).
     """
     key = (input.shape, input.stride(), input.dtype, input.device, _param_key(weight), _param_key(bias), N, C, HxW,
            group, dense_only)
     plan = _FORWARD_PLANS.get(key)
     if plan is None:
-        check_group_norm_inputs(input, weight, bias, C, group)
-        reason = _forward_reason(input, weight, bias, N, C, HxW)
-        if reason is None and dense_only and not input.is_contiguous(memory_format=suggest_memory_format(input)):
-            reason = "input not dense in its memory format: torch's kernel raises for it"
-        if reason is not None:
-            raise Decline(reason)
+        front.check_forward(input, weight, bias, N, C, HxW, group, dense_only=dense_only)
         if len(_FORWARD_PLANS) >= _PLAN_LIMIT:
             _FORWARD_PLANS.clear()
         plan = _FORWARD_PLANS[key] = _forward_plan(input, weight, bias, N, C, HxW, group)
     x = input if plan.x_contiguous is None else input.contiguous(memory_format=plan.x_contiguous)
-    device = input.device
-    y = torch.empty_like(input, memory_format=plan.y_format)
-    mean = torch.empty((N, group), dtype=plan.stat_dtype, device=device)
-    rstd = torch.empty((N, group), dtype=plan.stat_dtype, device=device)
-    ws = torch.empty(plan.ws_size, dtype=plan.acc_dtype, device=device)
+    y, mean, rstd = front.allocate_forward(input, N, group, plan.y_format, plan.stat_dtype)
+    ws = torch.empty(plan.ws_size, dtype=plan.acc_dtype, device=input.device)
     eps = float(eps)
     stats, grid0, args0 = plan.stats
     stats(grid0, x, ws, *args0)
@@ -738,29 +666,6 @@ def native_group_norm(input: torch.Tensor, weight: torch.Tensor | None, bias: to
 
 
 # --------------------------------------------------------------------------- backward
-def _backward_reason(dy: torch.Tensor, x: torch.Tensor, mean: torch.Tensor, rstd: torch.Tensor,
-                     weight: torch.Tensor | None, N: int, C: int, HxW: int, group: int,
-                     mask: tuple[bool, bool, bool]) -> str | None:
-    reason = _common_reason(x, N, C, HxW)
-    if reason:
-        return reason
-    if dy.numel() != x.numel() or dy.layout != torch.strided or dy.device != x.device or dy.is_neg():
-        return "dY does not match X (torch raises)"
-    if group <= 0 or C % group != 0:
-        return f"C={C} not divisible by group={group}"
-    if weight is None and (mask[1] or mask[2]):
-        return "dweight/dbias asked without weight (torch raises)"
-    stat_dtype = _param_dtype(x, (mean, rstd))
-    if stat_dtype is None or stat_dtype != mean.dtype:
-        return "mean/rstd dtype combination torch rejects"
-    for t in (mean, rstd):
-        if t.numel() != N * group or not t.is_contiguous() or t.device != x.device:
-            return "mean/rstd not contiguous [N, group] (torch raises)"
-    if weight is not None and (weight.numel() != C or weight.dtype != stat_dtype or weight.device != x.device):
-        return "weight size or dtype torch rejects"
-    return None
-
-
 @dataclass(frozen=True)
 class BackwardPlan:
     """Everything a backward call launches, computed once per layout and mask."""
@@ -784,19 +689,9 @@ context.on_reset(_target_programs.cache_clear)
 _NO_PARAMS = {"BLOCK_N": 1, "BLOCK_CF": 1, "BLOCK_K": 1, "HAS_DW": False, "HAS_DB": False}
 
 
-def _dx_format(x: torch.Tensor, like_input: bool) -> tuple[bool, torch.memory_format]:
-    """torch allocates ``dx`` like ``X.contiguous(fmt)``: X's own strides when it already is.
-
-    ``fmt`` is X's suggested memory format on CPU, contiguous elsewhere (as
-    torch's kernels), or everywhere when ``like_input`` asks for it.
-    """
-    fmt = suggest_memory_format(x) if like_input or x.device.type == "cpu" else torch.contiguous_format
-    return x.is_contiguous(memory_format=fmt), fmt
-
-
 def _backward_plan(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor | None, N: int, C: int, HxW: int,
                    group: int, mask: tuple[bool, bool, bool], dx_like_input: bool) -> BackwardPlan:
-    dx_like_x, dx_format = _dx_format(x, dx_like_input)
+    dx_like_x, dx_format = front.dx_format(x, dx_like_input)
     dx_meta = torch.empty_like(x, device="meta") if dx_like_x else torch.empty_like(x, device="meta",
                                                                                       memory_format=dx_format)
     layout = plan_layout((x, dy, dx_meta), N, C, HxW)
@@ -859,9 +754,7 @@ def native_group_norm_backward(grad_out: torch.Tensor, input: torch.Tensor, mean
     ``aten::group_norm`` route: a channels_last input gets a channels_last
     gradient, which the convolution before it consumes without a copy).
     """
-    if grad_out.dtype != input.dtype:
-        raise RuntimeError("Expected scalar types of X and dY are same.")
-    mask = (bool(output_mask[0]), bool(output_mask[1]), bool(output_mask[2]))
+    mask = front.backward_mask(grad_out, input, output_mask)
     if not (mask[0] or mask[1] or mask[2]):
         return None, None, None
     key = (input.shape, input.stride(), grad_out.shape, grad_out.stride(), input.dtype, input.device,
@@ -869,9 +762,7 @@ def native_group_norm_backward(grad_out: torch.Tensor, input: torch.Tensor, mean
            rstd.dtype, rstd.device, _param_key(weight), N, C, HxW, group, mask, dx_like_input)
     plan = _BACKWARD_PLANS.get(key)
     if plan is None:
-        reason = _backward_reason(grad_out, input, mean, rstd, weight, N, C, HxW, group, mask)
-        if reason is not None:
-            raise Decline(reason)
+        front.check_backward(grad_out, input, mean, rstd, weight, N, C, HxW, group, mask)
         if len(_BACKWARD_PLANS) >= _PLAN_LIMIT:
             _BACKWARD_PLANS.clear()
         plan = _BACKWARD_PLANS[key] = _backward_plan(grad_out, input, weight, N, C, HxW, group, mask,
@@ -879,11 +770,8 @@ def native_group_norm_backward(grad_out: torch.Tensor, input: torch.Tensor, mean
     x, dy = input, grad_out
     if plan.copy_format is not None:
         x, dy = x.contiguous(memory_format=plan.copy_format), dy.contiguous(memory_format=plan.copy_format)
-    device = input.device
-    ws = torch.empty(plan.ws_size, dtype=plan.acc_dtype, device=device)
-    param_dtype = input.dtype if weight is None else weight.dtype
-    dw = torch.empty(C, dtype=param_dtype, device=device) if mask[1] else None
-    db = torch.empty(C, dtype=param_dtype, device=device) if mask[2] else None
+    dx, dw, db = front.allocate_backward(input, weight, C, mask, plan.dx_like_x, plan.dx_format)
+    ws = torch.empty(plan.ws_size, dtype=plan.acc_dtype, device=input.device)
     w = mean if weight is None else _dense(weight)
     reduce, grid0, args0 = plan.reduce
     reduce(grid0, dy, x, mean, ws, *args0)
@@ -892,10 +780,7 @@ def native_group_norm_backward(grad_out: torch.Tensor, input: torch.Tensor, mean
         finalize, grid1, args1 = plan.finalize
         if grid1[0]:
             finalize(grid1, ws, w, mean, rstd, dw_out, db_out, *args1)
-    dx = None
     if plan.dx is not None:
-        dx = (torch.empty_like(input) if plan.dx_like_x
-              else torch.empty_like(input, memory_format=plan.dx_format))
         launch, grid2, args2 = plan.dx
         launch(grid2, dy, x, dx, w, mean, rstd, ws, dw_out, db_out, *args2)
     return dx, dw, db

@@ -36,52 +36,22 @@ error or computes the result: invalid arguments (``num_groups`` not dividing
 ``C``, a weight or bias not a vector of ``C``, rank < 2), what the kernels
 decline (empty input, other dtypes, mixed dtypes torch rejects, devices),
 forward-mode AD and functorch transforms, and a bias that needs grad without
-a weight (torch's backward raises there).
+a weight (torch's backward raises there). Those decisions, the composite's
+layouts and whether it copies the input are :mod:`flaggems.fronts.group_norm`'s
+(:func:`~flaggems.fronts.group_norm.prepare_group_norm`,
+:func:`~flaggems.fronts.group_norm.needs_grad`,
+:func:`~flaggems.fronts.group_norm.composite_copies`); this module keeps the
+routing policy (:func:`in_place_grad`) and the autograd plumbing.
 """
 
 from __future__ import annotations
 
-import math
-
 import torch
-from torch.autograd import forward_ad
 
 from flaggems import Decline, autograd
+from flaggems.fronts import group_norm as front
 
 from . import group_norm as kernels  # through the module: a patched (spied) function is seen
-
-
-def _requires_grad(t: torch.Tensor | None) -> bool:
-    return t is not None and t.requires_grad
-
-
-def _vector_of(t: torch.Tensor | None, C: int) -> bool:
-    return t is None or (t.dim() == 1 and t.numel() == C)
-
-
-def _invalid(input: torch.Tensor, num_groups: int, weight: torch.Tensor | None,
-             bias: torch.Tensor | None) -> str | None:
-    """Why torch's composite raises for these arguments (``None`` when it does not)."""
-    if input.dim() < 2:
-        return "input of rank < 2"
-    C = input.shape[1]
-    if num_groups <= 0 or C % num_groups != 0:
-        return f"num_groups={num_groups} does not divide C={C}"
-    if not (_vector_of(weight, C) and _vector_of(bias, C)):
-        return "weight or bias is not a vector of C elements"
-    return None
-
-
-def _transformed() -> bool:
-    """Forward-mode AD or a functorch transform is active: the composite knows how to handle those."""
-    return forward_ad._current_level >= 0 or torch._C._are_functorch_transforms_active()
-
-
-def _composite_copies(input: torch.Tensor) -> bool:
-    """Whether torch's composite copies ``input`` before ``native_group_norm`` (suggested format on CPU)."""
-    if input.device.type == "cpu":
-        return not input.is_contiguous(memory_format=kernels.suggest_memory_format(input))
-    return not input.is_contiguous()
 
 
 def in_place_grad(input: torch.Tensor) -> bool:
@@ -91,20 +61,14 @@ def in_place_grad(input: torch.Tensor) -> bool:
     our kernels on every channels_last size measured, 10-128 MiB (the copies cost more than our node's Python
     host time); a dense input costs the composite no copy and its host path is C++ (RESULTS.md run 18).
     """
-    return _composite_copies(input)
-
-
-def _dims(input: torch.Tensor) -> tuple[int, int, int]:
-    """``(N, C, HxW)`` of an ``(N, C, *spatial)`` input."""
-    shape = input.shape
-    return shape[0], shape[1], math.prod(shape[2:])
+    return front.composite_copies(input)
 
 
 def _backward_fallback(grad_out: torch.Tensor, input: torch.Tensor, mean: torch.Tensor, rstd: torch.Tensor,
                        weight: torch.Tensor | None, dims: tuple[int, int, int, int],
                        mask: list[bool]) -> tuple[torch.Tensor | None, ...]:
     """torch's backward on the operands its autograd formula passes (a ``grad_out`` our kernels decline)."""
-    fmt = kernels.suggest_memory_format(input) if input.device.type == "cpu" else torch.contiguous_format
+    fmt = front.native_format(input)
     dy = grad_out.resolve_neg().resolve_conj().contiguous(memory_format=fmt)
     return torch.ops.aten.native_group_norm_backward(dy, input.contiguous(memory_format=fmt), mean, rstd, weight,
                                                      *dims, mask)
@@ -115,8 +79,7 @@ def _differentiable_backward(grad_out: torch.Tensor, saved: tuple[torch.Tensor |
                              mask: list[bool]) -> tuple[torch.Tensor | None, ...]:
     """torch's backward on a recomputed forward, recorded (``create_graph=True``): differentiable again."""
     input, weight, bias = saved
-    cpu = input.device.type == "cpu"  # what torch's composite passes: dense in the suggested format on CPU
-    x = input.contiguous(memory_format=kernels.suggest_memory_format(input)) if cpu else input.contiguous()
+    x = input.contiguous(memory_format=front.native_format(input))  # what torch's composite passes
     y = torch.ops.aten.native_group_norm(x, weight, bias, *dims, eps)[0]
     found = iter(torch.autograd.grad(y, [t for t, m in zip(saved, mask) if m], grad_out, create_graph=True))
     return tuple(next(found) if m else None for m in mask)
@@ -159,15 +122,8 @@ def group_norm(input: torch.Tensor, num_groups: int, weight: torch.Tensor | None
     the forward kernels leaves no graph behind: it passes the call, inputs
     untouched, to torch's composite.
     """
-    reason = _invalid(input, num_groups, weight, bias)
-    if reason is not None:
-        raise Decline(f"{reason} (torch raises)")
-    if _transformed():
-        raise Decline("forward-mode AD or a functorch transform")
-    N, C, HxW = _dims(input)
-    if torch.is_grad_enabled() and (input.requires_grad or _requires_grad(weight) or _requires_grad(bias)):
-        if weight is None and _requires_grad(bias):
-            raise Decline("bias needs grad without a weight (torch's backward raises)")
+    N, C, HxW = front.prepare_group_norm(input, num_groups, weight, bias)
+    if front.needs_grad(input, weight, bias):
         if not in_place_grad(input):
             raise Decline("gradient needed and torch's composite reads this input without a large copy: it "
                           "calls native_group_norm (and its backward), which our kernels serve")

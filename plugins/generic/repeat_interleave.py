@@ -67,12 +67,17 @@
   where it would find the words set.
 * **Never out of bounds**: a wrong ``output_size`` or a negative repeat can
   only produce unspecified values inside the output. With checks on (CPU
-  interpreter, ``FLAGGEMS_CHECK_INDICES=1``) they raise torch's RuntimeError.
-* Scalar-tensor repeats (one element) with ``output_size`` known: the kernel
-  reads the repeat count on the device.
-* ``self_int`` / ``self_Tensor`` are CompositeImplicitAutograd in torch: a
-  call that needs autograd declines to the native composite, which records
-  the graph.
+  interpreter, ``FLAGGEMS_CHECK_INDICES=1``) the front raises torch's
+  RuntimeError first.
+* Scalar-tensor repeats (one element) with ``output_size`` known: the
+  gather reads the repeat count on the device.
+
+torch's semantics (argument checks that decline to the native kernel or
+composite, autograd declines, ``dim=None`` flattening, the scalar-tensor
+repeats' sync, the checks of ``output_size``, the output's allocation, empty
+repeats) live in the public front :mod:`flaggems.fronts.repeat_interleave`;
+this module supplies its two kernels: the expand (:func:`_expand`) and the
+gather along a dim (:func:`_gather`, the toolkit's ``index_along_dim``).
 """
 
 # ruff: noqa: N803 - constexpr parameters are UPPER_CASE, as in every Triton kernel
@@ -83,12 +88,16 @@ import triton
 import triton.language as tl
 
 from flaggems import Decline
-from flaggems.toolkit import cdiv, checks, context, tuning
+from flaggems.fronts import repeat_interleave as front
+from flaggems.fronts.repeat_interleave import check_output_size as _checked_output_size  # noqa: F401 - tests patch it
+from flaggems.toolkit import cdiv, context, tuning
 from flaggems.toolkit.dependent_launch import dependent_launch, gdc_launch_dependents, gdc_wait
 from flaggems.toolkit.indexing import INDEX_DIVIDE_INT, INDEX_DIVIDE_TENSOR, index_along_dim
 from flaggems.toolkit.launch import FastLauncher
-from flaggems.toolkit.strided import SUPPORTED_DTYPES
 from flaggems.toolkit.workspace import claim_scratch
+
+#: The expand's row offsets are int32: repeats of this many rows or more decline (the front's ``max_rows``).
+MAX_ROWS = 2**31
 
 #: Sizes, warps and look-back lanes come from the typed launch policy ``Tuning("scan", ...)``
 #: (:class:`flaggems.toolkit.tuning.ScanPolicy`, its measured defaults there) and the device's
@@ -392,15 +401,6 @@ def _scan(kernels: _Kernels, repeats: torch.Tensor, total: int, status: torch.Te
     return ends
 
 
-def _checked_output_size(repeats: torch.Tensor, output_size: int) -> None:
-    """Checks on: torch's errors for negative repeats or a wrong ``output_size`` (one sync)."""
-    total, smallest = torch.stack((repeats.sum(), repeats.min().to(torch.int64))).tolist()
-    if smallest < 0:
-        raise RuntimeError("repeats can not be negative")
-    if output_size != total:
-        raise RuntimeError("allocated size does not match required size")
-
-
 def _expand_dynamic(repeats: torch.Tensor, values: torch.Tensor | None) -> torch.Tensor:
     """:func:`_expand` without ``output_size``: our scan, then the one sync that reads its summary.
 
@@ -420,9 +420,7 @@ def _expand_dynamic(repeats: torch.Tensor, values: torch.Tensor | None) -> torch
         ends = _scan(kernels, repeats, 0, status, False, summary=True)
         try:
             total, smallest = status[chunks:words].tolist()
-            if smallest < 0:
-                raise RuntimeError("repeats can not be negative")
-            out = torch.empty(total, dtype=source.dtype, device=source.device)
+            out = front.expanded(source, total, smallest)
             if not total:
                 status[:words].zero_()
                 return out
@@ -437,25 +435,17 @@ def _expand_dynamic(repeats: torch.Tensor, values: torch.Tensor | None) -> torch
 
 
 def _expand(repeats: torch.Tensor, output_size: int | None, values: torch.Tensor | None) -> torch.Tensor:
-    """Row ids (or ``values`` gathered by them) repeated ``repeats`` times each.
+    """The front's ``expand``: row ids (or ``values`` gathered by them) repeated ``repeats`` times each.
 
-    With ``output_size`` the ends come from :func:`_scan` with the blocks'
-    first rows (two launches in all, the output allocated before them, so
-    that nothing between them can fail and leave the scan's status set);
-    without, see :func:`_expand_dynamic`.
+    With ``output_size`` (never 0 here) the ends come from :func:`_scan` with
+    the blocks' first rows (two launches in all, the output allocated before
+    them, so that nothing between them can fail and leave the scan's status
+    set); without, see :func:`_expand_dynamic`.
     """
-    n = repeats.shape[0]
-    if n >= 2**31:
-        raise Decline("2**31 or more repeats: the kernel's row offsets are int32")
     if output_size is None:
         return _expand_dynamic(repeats, values)
-    total = output_size
-    if checks.enabled():
-        _checked_output_size(repeats, output_size)
-    source = repeats if values is None else values
-    out = torch.empty(total, dtype=source.dtype, device=source.device)
-    if not total:
-        return out
+    total, n = output_size, repeats.shape[0]
+    out = front.expanded(repeats if values is None else values, total)
     gather, kernels = values is not None, _kernels(repeats.device)
     chunks = cdiv(n, kernels.chunk)
     status, lock = claim_scratch(repeats, chunks)
@@ -472,95 +462,23 @@ def _expand(repeats: torch.Tensor, output_size: int | None, values: torch.Tensor
     return out
 
 
-def _repeats_ok(repeats: torch.Tensor) -> bool:
-    return repeats.dim() == 1 and repeats.dtype in (torch.int32, torch.int64) and repeats.layout == torch.strided
+def _expand_entry(repeats: torch.Tensor, output_size: int | None, values: torch.Tensor | None) -> torch.Tensor:
+    """:func:`_expand`, looked up per call (a test or probe may replace it)."""
+    return _expand(repeats, output_size, values)
 
 
-def repeat_interleave_tensor(repeats: torch.Tensor, output_size: int | None = None) -> torch.Tensor:
-    """``torch.repeat_interleave(repeats, output_size=...)``: ``[0]*r0 + [1]*r1 + ...``."""
-    if not _repeats_ok(repeats):
-        raise Decline("repeats must be a 1-D int32/int64 tensor: the native kernel raises torch's error")
-    if repeats.shape[0] == 0:
-        return torch.empty(0, dtype=repeats.dtype, device=repeats.device)
-    return _expand(repeats, output_size, None)
-
-
-def _needs_autograd(tensor: torch.Tensor) -> bool:
-    return tensor.requires_grad and torch.is_grad_enabled()
-
-
-def _flatten(self: torch.Tensor, dim: int | None) -> tuple[torch.Tensor, int] | None:
-    """The input and dimension to repeat along (``dim=None`` flattens); None if dim is invalid.
-
-    An explicit ``dim`` on a 0-dim tensor is invalid: torch raises IndexError for it (native serves it).
-    """
-    if dim is None:
-        return (self if self.dim() == 1 else self.reshape(-1)), 0
-    if self.dim() == 0 or not -self.dim() <= dim < self.dim():
-        return None
-    return self, dim % self.dim()
-
-
-def repeat_interleave_self_int(self: torch.Tensor, repeats: int, dim: int | None = None,
-                               output_size: int | None = None) -> torch.Tensor:
-    """``x.repeat_interleave(r, dim)`` with a Python int: no tensor of repeats at all."""
-    prepared = _flatten(self, dim)
-    if prepared is None or repeats < 0 or _needs_autograd(self) or self.dtype not in SUPPORTED_DTYPES:
-        raise Decline("invalid arguments or autograd: the native composite handles it")
-    source, dim = prepared
-    total = source.shape[dim] * repeats
-    if output_size is not None and output_size != total:
-        raise Decline("wrong output_size: the native composite raises torch's error")
-    shape = list(source.shape)
-    shape[dim] = total
-    out = torch.empty(shape, dtype=self.dtype, device=self.device)
-    if out.numel() and not index_along_dim(out, source, dim, out, False, INDEX_DIVIDE_INT, repeats):
+def _gather(out: torch.Tensor, source: torch.Tensor, dim: int, rows: torch.Tensor | None,
+            repeat: int | torch.Tensor | None) -> None:
+    """The front's ``gather``: the toolkit's gather along ``dim``, by row ids or dividing by the repeat."""
+    if rows is not None:
+        served = index_along_dim(out, source, dim, rows, scatter=False)
+    elif isinstance(repeat, int):
+        served = index_along_dim(out, source, dim, out, False, INDEX_DIVIDE_INT, repeat)
+    else:
+        served = index_along_dim(out, source, dim, repeat, False, INDEX_DIVIDE_TENSOR)
+    if not served:
         raise Decline("layout needs more than 2 outer or 2 inner dimensions")
-    return out
 
 
-def repeat_interleave_self_tensor(self: torch.Tensor, repeats: torch.Tensor, dim: int | None = None,
-                                  output_size: int | None = None) -> torch.Tensor:
-    """``x.repeat_interleave(repeats, dim)`` with a tensor of repeats (one, or one per slice)."""
-    prepared = _flatten(self, dim)
-    if (prepared is None or _needs_autograd(self) or self.dtype not in SUPPORTED_DTYPES
-            or repeats.dtype not in (torch.int32, torch.int64) or repeats.dim() > 1
-            or repeats.device != self.device):
-        raise Decline("invalid arguments or autograd: the native composite handles it")
-    source, dim = prepared
-    if repeats.numel() == 1 and source.shape[dim] != 1:
-        return _repeat_by_scalar_tensor(source, dim, repeats.reshape(1), output_size)
-    if repeats.dim() == 0 or repeats.shape[0] != source.shape[dim]:
-        raise Decline("repeats size mismatch: the native composite raises torch's error")
-    if source.dim() == 1 and source.shape[0]:
-        return _expand(repeats, output_size, source)
-    rows = repeat_interleave_tensor(repeats, output_size) if repeats.shape[0] else repeats
-    return _gather(source, dim, rows)
-
-
-def _repeat_by_scalar_tensor(source: torch.Tensor, dim: int, repeats: torch.Tensor,
-                             output_size: int | None) -> torch.Tensor:
-    """One repeat count held on the device: ``output_size`` given means no sync."""
-    if output_size is None or checks.enabled():
-        count = int(repeats[0])  # the one sync computing the size needs
-        if count < 0:
-            raise RuntimeError("repeats can not be negative")
-        expected = source.shape[dim] * count
-        if output_size is not None and output_size != expected:
-            raise RuntimeError("allocated size does not match required size")
-        output_size = expected
-    shape = list(source.shape)
-    shape[dim] = output_size
-    out = torch.empty(shape, dtype=source.dtype, device=source.device)
-    if out.numel() and not index_along_dim(out, source, dim, repeats, False, INDEX_DIVIDE_TENSOR):
-        raise Decline("layout needs more than 2 outer or 2 inner dimensions")
-    return out
-
-
-def _gather(source: torch.Tensor, dim: int, rows: torch.Tensor) -> torch.Tensor:
-    shape = list(source.shape)
-    shape[dim] = rows.shape[0]
-    out = torch.empty(shape, dtype=source.dtype, device=source.device)
-    if out.numel() and not index_along_dim(out, source, dim, rows, scatter=False):
-        raise Decline("layout needs more than 2 outer or 2 inner dimensions")
-    return out
+repeat_interleave_tensor, repeat_interleave_self_tensor, repeat_interleave_self_int = front.entries(
+    _expand_entry, _gather, max_rows=MAX_ROWS)

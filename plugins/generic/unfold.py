@@ -1,9 +1,9 @@
 """``aten::unfold`` (a view) and ``aten::unfold_backward`` (a deterministic gather).
 
-``unfold`` computes torch's sizes and strides and returns
-``self.as_strided(...)`` on the input's storage (same storage offset): no
-kernel, no copy, 0-dim inputs, ``size == dim size`` and ``step > size``
-included, torch's error types and messages.
+``unfold`` is the public front's view (:func:`flaggems.fronts.unfold.unfold`):
+torch's sizes and strides, ``self.as_strided(...)`` on the input's storage
+(same storage offset): no kernel, no copy, 0-dim inputs, ``size == dim size``
+and ``step > size`` included, torch's error types and messages.
 
 Routing: the ``OpImpl`` declares ``dispatch_keys=("PrivateUse1",)``, so the
 policy offers ``unfold`` only on such backends. Vendor devices there often
@@ -17,8 +17,10 @@ order, the ``ceil(size / step)`` or fewer windows that contain it. No atomics,
 no zero fill, any ``grad`` strides (dimensions before and after ``dim`` are
 collapsed jointly; more than one left on either side copies ``grad`` first),
 fp32 accumulation for half types (fp64 for fp64), 64-bit offsets when an
-offset can reach 2**31. A ``grad`` whose shape is not the one ``unfold`` gives
-declines, so torch's own (lenient) kernel answers.
+offset can reach 2**31. The checks (a ``grad`` whose shape is not the one
+``unfold`` gives declines, so torch's own lenient kernel answers; dtype and
+layout declines) and the allocation of ``grad_input`` are the front's
+(:mod:`flaggems.fronts.unfold`); the kernel and its plan cache are here.
 """
 
 # ruff: noqa: N803 - constexpr parameters are UPPER_CASE, as in every Triton kernel
@@ -33,47 +35,20 @@ import torch
 import triton
 import triton.language as tl
 
-from flaggems import Decline
+from flaggems.fronts import unfold as unfold_front
 from flaggems.toolkit import FastLauncher, cdiv, collapse_dims, next_pow2
 from flaggems.toolkit.jit_helpers import index_type as _index
 
-FLOAT_DTYPES = frozenset({torch.float16, torch.bfloat16, torch.float32, torch.float64})
+FLOAT_DTYPES = unfold_front.BACKWARD_DTYPES
 #: Elements of ``grad_input`` per program.
 TILE = 2048
 NUM_WARPS = 4
 INT32_LIMIT = 2**31
 
 
-def wrap_dim(dim: int, ndim: int, wrap_scalar: bool = True) -> int:
-    """torch's ``maybe_wrap_dim``: same range, same IndexError message."""
-    if ndim <= 0:
-        if not wrap_scalar:
-            raise IndexError(f"dimension specified as {dim} but tensor has no dimensions")
-        ndim = 1
-    low, high = -ndim, ndim - 1
-    if not low <= dim <= high:
-        raise IndexError(f"Dimension out of range (expected to be in range of [{low}, {high}], but got {dim})")
-    return dim + ndim if dim < 0 else dim
-
-
-def unfold(self: torch.Tensor, dimension: int, size: int, step: int) -> torch.Tensor:
-    """``aten::unfold``: windows of ``size`` every ``step`` along ``dimension``, as a view."""
-    ndim = self.dim()
-    dim = wrap_dim(dimension, ndim)
-    sizes, strides = list(self.shape), list(self.stride())
-    max_size = 1 if ndim == 0 else sizes[dim]
-    if size > max_size:
-        raise RuntimeError(f"maximum size for tensor at dimension {dim} is {max_size} but size is {size}")
-    if size < 0:
-        raise RuntimeError(f"size is {size} but must be >= 0")
-    if step <= 0:
-        raise RuntimeError(f"step is {step} but must be > 0")
-    sizes.append(size)
-    strides.append(1 if ndim == 0 else strides[dim])
-    if dim < ndim:
-        sizes[dim] = (sizes[dim] - size) // step + 1
-        strides[dim] *= step
-    return self.as_strided(sizes, strides)
+#: The view and torch's ``maybe_wrap_dim`` are the front's (names kept for existing importers).
+wrap_dim = unfold_front.wrap_dim
+unfold = unfold_front.unfold
 
 
 # --------------------------------------------------------------------------- unfold_backward
@@ -160,9 +135,9 @@ def _plan(grad: torch.Tensor, input_sizes: list[int], dim: int, size: int, step:
 
 @dataclass(frozen=True)
 class BackwardPlan:
-    """One ``unfold_backward`` geometry: output sizes, launch, and whether ``grad`` is copied first."""
+    """One ``unfold_backward`` geometry: the front's validated geometry, the launch, whether ``grad`` is copied."""
 
-    sizes: list[int]
+    geometry: unfold_front.BackwardGeometry
     launch: tuple | None  # None: an empty output or grad, no kernel
     contiguous_first: bool
 
@@ -172,24 +147,16 @@ _PLAN_LIMIT = 1024
 
 
 def _backward_plan(grad: torch.Tensor, input_sizes: list[int], dim: int, size: int, step: int) -> BackwardPlan:
-    """Validate one call's geometry (declining what torch's kernel must decide) and plan it."""
-    sizes = [int(s) for s in input_sizes]
-    ndim = len(sizes)
-    dim = wrap_dim(dim, ndim)
-    if ndim == 0:
-        raise Decline("0-dim input")
-    if size < 0 or size > sizes[dim]:
-        raise Decline("size outside [0, input size] (torch's kernel decides)")
-    expected = [*sizes[:dim], (sizes[dim] - size) // step + 1, *sizes[dim + 1:], size]
-    if list(grad.shape) != expected:
-        raise Decline(f"grad shape {list(grad.shape)} is not unfold's {expected}")
-    if math.prod(sizes) == 0 or grad.numel() == 0:
-        return BackwardPlan(sizes, None, False)
+    """Validate one call's geometry (the front declines what torch's kernel must decide) and plan it."""
+    geometry = unfold_front.backward_geometry(grad, input_sizes, dim, size, step)
+    if geometry.empty:
+        return BackwardPlan(geometry, None, False)
+    sizes, dim = geometry.sizes, geometry.dim
     launch = _plan(grad, sizes, dim, size, step)
     if launch is not None:
-        return BackwardPlan(sizes, launch, False)
+        return BackwardPlan(geometry, launch, False)
     dense = torch.empty(grad.shape, dtype=grad.dtype, device="meta")
-    return BackwardPlan(sizes, _plan(dense, sizes, dim, size, step), True)
+    return BackwardPlan(geometry, _plan(dense, sizes, dim, size, step), True)
 
 
 def unfold_backward(grad_in: torch.Tensor, input_sizes: list[int], dim: int, size: int,
@@ -198,30 +165,18 @@ def unfold_backward(grad_in: torch.Tensor, input_sizes: list[int], dim: int, siz
 
     Plans are cached by geometry: a repeated call checks dtype and layout, then launches.
     """
-    if step <= 0:
-        raise ValueError(f"step is {step} but must be > 0")
-    if grad_in.dtype not in FLOAT_DTYPES or grad_in.layout != torch.strided or grad_in.is_neg():
-        raise Decline(f"dtype {grad_in.dtype} or layout")
+    unfold_front.check_backward(grad_in, step, FLOAT_DTYPES)
     key = (grad_in.shape, grad_in.stride(), grad_in.dtype, tuple(input_sizes), dim, size, step)
     plan = _PLANS.get(key)
     if plan is None:
         if len(_PLANS) >= _PLAN_LIMIT:
             _PLANS.clear()
         plan = _PLANS[key] = _backward_plan(grad_in, input_sizes, dim, size, step)
-    out = torch.empty(plan.sizes, dtype=grad_in.dtype, device=grad_in.device)
+    out = unfold_front.allocate_grad_input(grad_in, plan.geometry)
     if plan.launch is None:
-        return out if out.numel() == 0 else out.zero_()
+        return out
     if plan.contiguous_first:
         grad_in = grad_in.contiguous()
     launcher, grid, scalars = plan.launch
-    launcher(grid, grad_in, out, *scalars)
-    return out
-    if grad_in.numel() == 0:
-        return out.zero_()
-    plan = _plan(grad_in, input_sizes, dim, size, step)
-    if plan is None:
-        grad_in = grad_in.contiguous()
-        plan = _plan(grad_in, input_sizes, dim, size, step)
-    launcher, grid, scalars = plan
     launcher(grid, grad_in, out, *scalars)
     return out

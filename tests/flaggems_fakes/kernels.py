@@ -148,3 +148,45 @@ def neg_reading_data(x: torch.Tensor) -> torch.Tensor:
     if x.numel() and bool(x.reshape(-1)[0] > 1e30):
         raise Decline("huge first element")
     return fast_neg(x)
+
+
+@triton.jit
+def _claim_and_neg_kernel(x_ptr, out_ptr, status_ptr, n, BLOCK: tl.constexpr):
+    """out = -x; a program finding its status word already set (dirty state) writes NaN instead."""
+    pid = tl.program_id(0)
+    before = tl.atomic_add(status_ptr + pid, 1)
+    offsets = pid * BLOCK + tl.arange(0, BLOCK)
+    mask = offsets < n
+    x = tl.load(x_ptr + offsets, mask=mask).to(tl.float32)
+    tl.store(out_ptr + offsets, tl.where(before == 0, -x, float("nan")), mask=mask)
+
+
+@triton.jit
+def _release_kernel(status_ptr, words, BLOCK: tl.constexpr):
+    offsets = tl.arange(0, BLOCK)
+    tl.store(status_ptr + offsets, tl.zeros([BLOCK], tl.int64), mask=offsets < words)
+
+
+_STATEFUL = []
+
+
+def neg_with_scan_state(x: torch.Tensor) -> torch.Tensor:
+    """neg in two launches sharing zeroed state (the workspace contract, like repeat_interleave's scan)."""
+    from flaggems.toolkit import FastLauncher
+    from flaggems.toolkit.workspace import claim_scratch
+
+    CALLS.append("stateful_neg")
+    if not x.is_contiguous() or not x.dtype.is_floating_point or x.numel() > 64 * 64:
+        raise Decline("contiguous float input of at most 4096 elements")
+    if not _STATEFUL:
+        _STATEFUL.extend((FastLauncher(_claim_and_neg_kernel, {"BLOCK": 64}),
+                          FastLauncher(_release_kernel, {"BLOCK": 64})))
+    claim, release = _STATEFUL
+    out = torch.empty_like(x)
+    words = triton.cdiv(x.numel(), 64)
+    if words:
+        status, lock = claim_scratch(x, words)
+        with lock:
+            claim((words,), x, out, status, x.numel())
+            release((1,), status, words)
+    return out

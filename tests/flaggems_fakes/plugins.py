@@ -109,7 +109,8 @@ class DecliningAdd:
 
 
 class ReplayNeg:
-    """neg (replayable, through the toolkit's launcher), abs with a persistent workspace, and sin reading data."""
+    """neg (replayable, through the toolkit's launcher), abs with a persistent workspace, sin reading data,
+    and cos: neg through the workspace's zeroed state (replayable with a plan-owned state buffer)."""
 
     @hookimpl
     def flaggems_operators(self):
@@ -117,6 +118,7 @@ class ReplayNeg:
             OpImpl("neg", f"{K}:fast_neg", replayable=True),
             OpImpl("abs", f"{K}:neg_with_persistent_workspace", replayable=True),
             OpImpl("sin", f"{K}:neg_reading_data", replayable=True),
+            OpImpl("cos", f"{K}:neg_with_scan_state", replayable=True),
         ]
 
 
