@@ -208,7 +208,8 @@ def test_known_size_paths_only_allocate_and_view_with_checks_off(case, monkeypat
     (r(3, -2, 4), 5),
     (r(3, 2, 4), 8),
 ])
-def test_checks_raise_torchs_errors_before_the_known_size_expand(args):
+def test_checks_raise_torchs_errors_before_the_known_size_expand(args, monkeypatch):
+    set_kernel_context(monkeypatch, checks=True)  # the checking contract (default on CPU, opt-in on a GPU)
     spy = Spy()
     repeats, output_size = args
     with native_scope(), pytest.raises(RuntimeError) as native_error:
