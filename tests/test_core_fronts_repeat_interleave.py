@@ -89,13 +89,16 @@ SELF_TENSOR_CASES = {
 }
 
 
-@pytest.mark.parametrize("case", SELF_TENSOR_CASES, ids=list(SELF_TENSOR_CASES))
-def test_self_tensor_behind_the_front_matches_torch(case):
-    x, repeats, dim, output_size = SELF_TENSOR_CASES[case]
+def _matches_torch(entry, x, repeats, dim, output_size) -> None:
     expected = native(torch.repeat_interleave, x, repeats, dim, output_size=output_size)
-    out = self_tensor_entry(x, repeats, dim, output_size)
+    out = entry(x, repeats, dim, output_size)
     assert out.dtype == expected.dtype and out.shape == expected.shape and torch.equal(out, expected)
     assert out.is_contiguous()
+
+
+@pytest.mark.parametrize("case", SELF_TENSOR_CASES, ids=list(SELF_TENSOR_CASES))
+def test_self_tensor_behind_the_front_matches_torch(case):
+    _matches_torch(self_tensor_entry, *SELF_TENSOR_CASES[case])
 
 
 SELF_INT_CASES = {
@@ -113,11 +116,7 @@ SELF_INT_CASES = {
 
 @pytest.mark.parametrize("case", SELF_INT_CASES, ids=list(SELF_INT_CASES))
 def test_self_int_behind_the_front_matches_torch(case):
-    x, repeats, dim, output_size = SELF_INT_CASES[case]
-    expected = native(torch.repeat_interleave, x, repeats, dim, output_size=output_size)
-    out = self_int_entry(x, repeats, dim, output_size)
-    assert out.dtype == expected.dtype and out.shape == expected.shape and torch.equal(out, expected)
-    assert out.is_contiguous()
+    _matches_torch(self_int_entry, *SELF_INT_CASES[case])
 
 
 @pytest.mark.parametrize("repeats", [r(3, 0, 2, 1), r(2, 1, 3, dtype=torch.int32), r(0, 0), r(4)[:0],
