@@ -109,13 +109,17 @@ double torch_neg_loop(at::Tensor src, int64_t n) {
   double t0 = now();
   for (int64_t i = 0; i < n; ++i) { auto o = src.neg(); }
   return (now() - t0) / n; }
+double torch_index_copy_loop(at::Tensor dst, at::Tensor index, at::Tensor src, int64_t n) {
+  double t0 = now();
+  for (int64_t i = 0; i < n; ++i) dst.index_copy_(0, index, src);
+  return (now() - t0) / n; }
 double empty_loop(at::Tensor like, int64_t n) {
   double t0 = now();
   for (int64_t i = 0; i < n; ++i) { auto o = at::empty_like(like); }
   return (now() - t0) / n; }
 '''
 FUNCS = ["cu_launch", "cu_launch_full", "lib_kernel", "rt_launch", "memcpy_loop", "rt_memcpy_loop", "torch_copy_loop",
-         "torch_to_loop", "torch_neg_loop", "empty_loop"]
+         "torch_to_loop", "torch_neg_loop", "torch_index_copy_loop", "empty_loop"]
 
 
 @triton.jit
@@ -169,10 +173,19 @@ def main():
             f()
         return (time.perf_counter() - t) / n * 1e9
     paths["python dst.copy_(src) torch"] = lambda n: py_loop(lambda: dst.copy_(src), n)
+    table = torch.randn(64, 64, device=dev)
+    rows = torch.randn(64, 64, device=dev)
+    order = torch.randperm(64, device=dev)
+    paths["python bf16.to(float) torch"] = lambda n: py_loop(lambda: bf.to(torch.float32), n)
+    paths["python index_copy_ [64,64] torch"] = lambda n: py_loop(lambda: table.index_copy_(0, order, rows), n)
+    paths["at::index_copy_ [64,64] C++ loop"] = lambda n: ext.torch_index_copy_loop(table, order, rows, n)
+    # the same C++ and Python loops with flaggems enabled (the dispatcher serves them from flaggems' entry)
+    for name in list(paths):
+        if name.startswith(("python", "at::copy_ C++", "at::to(float)", "at::index_copy_")):
+            paths[name.replace(" torch", "") + " flaggems"] = paths[name]
     import flaggems
-    flaggems.enable()
-    paths["python dst.copy_(src) flaggems"] = lambda n: py_loop(lambda: dst.copy_(src), n)
-    flaggems.disable()
+    from flaggems import compiled
+    from flaggems.runtime import RUNTIME
     results = {k: [] for k in paths}
     for _rnd in range(7):
         for name, fn_ in paths.items():
@@ -185,6 +198,21 @@ def main():
             if "flaggems" in name:
                 flaggems.disable()
             results[name].append(ns)
+    phases = {}
+    for name in [k for k in paths if k.endswith("flaggems")]:
+        flaggems.enable()  # a fresh registry: its phase clocks start at zero
+        module = compiled.loaded()
+        if module is not None:
+            paths[name](200)
+            module.set_profiling(True)
+            paths[name](3000)
+            torch.cuda.synchronize()
+            module.set_profiling(False)
+            phases[name] = {op: row["phases"] for op, row in RUNTIME.plan_stats().items() if "phases" in row}
+        out["entry"] = flaggems.info()["entry"]
+        flaggems.disable()
+    out["phases"] = phases
+    print(json.dumps(phases, indent=1))
     # side stream
     with torch.cuda.stream(side):
         results["cuLaunchKernel copy (side stream)"] = [ext.cu_launch(fn, [dst, src], [4096] + extra, 4, block, 3000) for _ in range(5)]

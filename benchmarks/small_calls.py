@@ -3,8 +3,12 @@
 Back to back, as a model's decode step makes them: per round the device is
 synchronised, ``CALLS`` calls are made, the device is synchronised again; the
 time per call is the median over interleaved rounds (torch, compiled, python
-in turn each round, so drift hits all three). Kernel time (``do_bench``) is
-reported beside it, and each result is checked against torch.
+in turn each round, so drift hits all three). Switching sides re-enables
+flaggems, which drops the compiled entry's plans: the first call after a
+switch makes the plan and is timed on its own (``first_call_us``), then a few
+warm-up calls run before the timed ones, so the rows are the steady state a
+model sees. Kernel time (``do_bench``) is reported beside it, and each result
+is checked against torch.
 
     python benchmarks/small_calls.py [--json out.json] [--calls 200] [--rounds 9]
 """
@@ -105,6 +109,18 @@ def wall_per_call(call: Callable[[], torch.Tensor], device: str, calls: int) -> 
     return (time.perf_counter() - start) / calls * 1e6
 
 
+def first_call(call: Callable[[], torch.Tensor], device: str, warmup: int = 3) -> float:
+    """Microseconds of the first call (a plan miss right after a switch), then ``warmup`` untimed calls."""
+    _sync(device)
+    start = time.perf_counter()
+    call()
+    _sync(device)
+    elapsed = (time.perf_counter() - start) * 1e6
+    for _ in range(warmup):
+        call()
+    return elapsed
+
+
 def _use(side: str) -> None:
     """Switch the process to torch, the compiled entry or the Python entry."""
     flaggems.disable()
@@ -136,6 +152,7 @@ def run(calls: int, rounds: int, only: str | None = None) -> list[dict]:
         _use("torch")
         expected = call().clone()
         times: dict[str, list[float]] = {s: [] for s in sides}
+        firsts: dict[str, list[float]] = {s: [] for s in sides}
         kernels: dict[str, float | None] = {}
         ok = True
         for side in sides:
@@ -152,6 +169,7 @@ def run(calls: int, rounds: int, only: str | None = None) -> list[dict]:
         for _ in range(rounds):
             for side in sides:
                 _use(side)
+                firsts[side].append(first_call(call, device))
                 times[side].append(wall_per_call(call, device, calls))
                 if side == "compiled":
                     stats = RUNTIME.plan_stats()
@@ -161,6 +179,7 @@ def run(calls: int, rounds: int, only: str | None = None) -> list[dict]:
         for side in sides:
             row[f"{side}_wall_us"] = statistics.median(times[side])
             row[f"{side}_kernel_us"] = kernels[side]
+            row[f"{side}_first_call_us"] = statistics.median(firsts[side])
         row["compiled_vs_torch"] = row["torch_wall_us"] / row["compiled_wall_us"]
         row["python_vs_torch"] = row["torch_wall_us"] / row["python_wall_us"]
         row["plans"] = {k: v for k, v in stats.items() if v.get("miss")}
@@ -168,7 +187,8 @@ def run(calls: int, rounds: int, only: str | None = None) -> list[dict]:
         rows.append(row)
         print(f"{name:<48} torch {row['torch_wall_us']:7.2f}  compiled {row['compiled_wall_us']:7.2f} "
               f"({row['compiled_vs_torch']:.2f}x)  python {row['python_wall_us']:7.2f} "
-              f"({row['python_vs_torch']:.2f}x)  ok={ok}", flush=True)
+              f"({row['python_vs_torch']:.2f}x)  ok={ok}  first call: torch {row['torch_first_call_us']:.0f}, "
+              f"compiled {row['compiled_first_call_us']:.0f} µs", flush=True)
         for op, p in phases.items():
             print(f"    {op}: " + "  ".join(f"{k[:-3]} {v:.2f}" for k, v in p.items() if k.endswith("_us"))
                   + " µs per replayed call", flush=True)
