@@ -27,6 +27,10 @@ and answers one of:
   launches);
 * ``None``: nothing is cached (the call raised, or could not be watched).
 
+The entry budgets misses (``binding.PLAN_FREE_MISSES``, ``PLAN_RETRY_EVERY``):
+planning costs several Python-path calls, so an op whose plans are not used
+again stops planning most of its misses until they are.
+
 The plan is only as good as the key: everything an implementation decides
 from must be in it (the entry keys dtypes, sizes, strides, storage offsets,
 address mod 16, aliasing, devices and scalar arguments; flags are read once

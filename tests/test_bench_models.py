@@ -45,7 +45,7 @@ def test_llama_workloads_skip_with_one_line_each_without_transformers(monkeypatc
     monkeypatch.setattr(models, "transformers_available", lambda: False)
     assert main(["bench", "--models", "--smoke", "--only", "llama*"]) == 2  # nothing ran
     skipped = [line for line in capsys.readouterr().out.splitlines() if line.startswith("skipped ")]
-    assert len(skipped) == 3 and all("transformers is not installed" in line for line in skipped)
+    assert len(skipped) == 4 and all("transformers is not installed" in line for line in skipped)
 
 
 @pytest.mark.skipif(not NO_GPU, reason="a GPU backend is active")
@@ -165,3 +165,7 @@ def test_generate_keywords_per_version():
     assert "disable_compile" not in models.generate_kwargs(Old, 24)
     with pytest.raises(models.Skip, match="disable_compile"):
         models.generate_kwargs(AutoCompileOnly, 24)
+    # the dynamic cache is never compiled automatically: no Skip, and no static cache asked for
+    dynamic = models.generate_kwargs(AutoCompileOnly, 24, static=False)
+    assert "cache_implementation" not in dynamic and dynamic["max_new_tokens"] == 24
+    assert models.generate_kwargs(WithDisable, 24)["cache_implementation"] == "static"

@@ -420,3 +420,37 @@ def test_a_plan_built_with_meta_tensors_on_the_first_call_still_replays():
             torch.nn.functional.group_norm(x, 5)
         stats = RUNTIME.plan_stats()[f"aten::group_norm@Autograd{RUNTIME.active_backend().dispatch_key}"]
         assert stats["miss"] == 1 and stats["replay"] == 1 and stats["python"] == 0
+
+
+def _tight_budget(monkeypatch, free: int = 4, retry: int = 3) -> None:
+    flaggems.disable()
+    monkeypatch.setattr(binding, "PLAN_FREE_MISSES", free)
+    monkeypatch.setattr(binding, "PLAN_RETRY_EVERY", retry)
+    flaggems.enable()
+
+
+def test_shapes_that_never_come_back_stop_being_planned(replay_neg, monkeypatch):
+    _tight_budget(monkeypatch)
+    for n in range(10, 30):  # 20 keys, each seen once
+        x = torch.randn(n, device=dev())
+        assert torch.equal(torch.neg(x), minus(x))
+    stats = _stats(replay_neg, "neg")
+    # 4 free misses, then one in 3 of the 16 skipped (the 3rd, 6th, ..., 15th) still plans
+    assert (stats["miss"], stats["unplanned"], stats["reused"], stats["plans"]) == (9, 11, 0, 9)
+    assert kernels.CALLS.count("fast_neg") == 20, "an unplanned miss is served by the Python entry"
+
+
+def test_planning_resumes_once_plans_are_reused(replay_neg, monkeypatch):
+    _tight_budget(monkeypatch)
+    for n in range(10, 20):  # a phase of shapes that never come back
+        torch.neg(torch.randn(n, device=dev()))
+    stable = [torch.randn(n, device=dev()) for n in range(40, 46)]
+    for _ in range(10):
+        for x in stable:
+            assert torch.equal(torch.neg(x), minus(x))
+    before = _stats(replay_neg, "neg")
+    for x in stable:
+        torch.neg(x)
+    after = _stats(replay_neg, "neg")
+    assert after["replay"] - before["replay"] == len(stable) and after["miss"] == before["miss"]
+    assert 2 * after["reused"] >= after["miss"], after

@@ -12,6 +12,9 @@ model steps, in one process, on the same weights and inputs:
 * ``llama_generate``: the same through ``model.generate(...,
   cache_implementation="static")``, with its automatic ``torch.compile`` off
   (compiled code would bypass flaggems);
+* ``llama_generate_dynamic``: ``model.generate(...)`` with its default
+  ``DynamicCache`` (what most users run): the K/V grow every token, so the
+  calls' shapes change from one token to the next;
 * ``unet_fwd_fp16`` and ``unet_fwd_bwd_fp32``: a UNet-style stack of
   Conv2d -> GroupNorm -> SiLU blocks on channels_last input (pure torch).
 
@@ -546,8 +549,9 @@ def build_llama_decode(device: torch.device, smoke: bool) -> Case:
     return Case(decoder, _check_decode, params, metrics)
 
 
-def generate_kwargs(generation_config_class: type, new_tokens: int) -> dict[str, Any]:
-    """``generate()`` keywords: greedy, static cache, exactly ``new_tokens`` tokens, no automatic compile.
+def generate_kwargs(generation_config_class: type, new_tokens: int, static: bool = True) -> dict[str, Any]:
+    """``generate()`` keywords: greedy, exactly ``new_tokens`` tokens, no automatic compile; a static cache or
+    (``static=False``) the default dynamic one.
 
     transformers 4.48+ ``torch.compile``s the forward of a static-cache generate on
     CUDA, which would bypass flaggems: ``disable_compile=True`` turns that off where
@@ -555,21 +559,22 @@ def generate_kwargs(generation_config_class: type, new_tokens: int) -> dict[str,
     ``disable_compile`` is a :class:`Skip`; older versions never compile.
     """
     defaults = generation_config_class()
-    kwargs: dict[str, Any] = {"max_new_tokens": new_tokens, "min_new_tokens": new_tokens, "do_sample": False,
-                              "cache_implementation": "static"}
+    kwargs: dict[str, Any] = {"max_new_tokens": new_tokens, "min_new_tokens": new_tokens, "do_sample": False}
+    if static:
+        kwargs["cache_implementation"] = "static"
     if hasattr(defaults, "disable_compile"):
         kwargs["disable_compile"] = True
-    elif hasattr(defaults, "compile_config"):
+    elif static and hasattr(defaults, "compile_config"):
         raise Skip("this transformers compiles a static-cache generate() and has no GenerationConfig.disable_compile "
                    "to stop it (compiled code bypasses flaggems); llama_decode covers the static cache")
     return kwargs
 
 
-def build_llama_generate(device: torch.device, smoke: bool) -> Case:
-    """``model.generate(..., do_sample=False, cache_implementation="static")``; the sequences must be identical."""
+def build_llama_generate(device: torch.device, smoke: bool, static: bool = True) -> Case:
+    """``model.generate(..., do_sample=False[, cache_implementation="static"])``; the sequences must be identical."""
     p = LLAMA_SMOKE if smoke else LLAMA_FULL
     transformers = _transformers()
-    kwargs = generate_kwargs(_attribute(transformers, "GenerationConfig"), p["new_tokens"])
+    kwargs = generate_kwargs(_attribute(transformers, "GenerationConfig"), p["new_tokens"], static)
     model = build_llama(device, p)
     model.generation_config.pad_token_id = model.config.eos_token_id
     prompt = _token_ids(p, p["decode_batch"], p["prompt"], device)
@@ -592,6 +597,9 @@ WORKLOADS: tuple[ModelWorkload, ...] = (
     ModelWorkload("llama_generate", "the same decoder: model.generate(max_new_tokens=24, do_sample=False, "
                   "cache_implementation='static'), batch 4 x 128-token prompt", build_llama_generate,
                   needs_transformers=True),
+    ModelWorkload("llama_generate_dynamic", "the same decoder: model.generate(max_new_tokens=24, do_sample=False) "
+                  "with the default DynamicCache, batch 4 x 128-token prompt",
+                  functools.partial(build_llama_generate, static=False), needs_transformers=True),
     ModelWorkload("unet_fwd_fp16", "4 x (Conv2d(320,320,3) -> GroupNorm(32,320) -> SiLU), 2x320x64x64 "
                   "channels_last, fp16 forward, no grad", build_unet_forward),
     ModelWorkload("unet_fwd_bwd_fp32", "the same stack in fp32: forward + backward of out.square().mean(), "
