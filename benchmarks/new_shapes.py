@@ -1,0 +1,118 @@
+"""Wall time per call when every call has a new shape: the compiled entry's plan budget at work.
+
+Each call of a sequence copies a tensor of a size not seen before (``copy_``
+fp32, ``_to_copy`` bf16->fp32), so the compiled entry misses every time. The
+first ``PLAN_FREE_MISSES`` misses of an op are planned (a planner run each);
+past them, with no plan reused, only one miss in ``PLAN_RETRY_EVERY`` is, and
+the rest take the Python entry uncached. Per side (torch, compiled entry,
+Python entry): µs per call over the planned stretch and over the rest, and the
+compiled entry's counters::
+
+    python benchmarks/new_shapes.py [--calls 1200] [--json out.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from collections.abc import Callable
+
+import torch
+
+import flaggems
+from flaggems import binding, compiled
+from flaggems.runtime import RUNTIME
+
+MAKERS: dict[str, Callable[[int, str], Callable[[], torch.Tensor]]] = {}
+
+
+def maker(name: str):
+    """Registers a factory ``(numel, device) -> call``."""
+    def register(fn):
+        MAKERS[name] = fn
+        return fn
+    return register
+
+
+@maker("copy_ fp32")
+def _copy(n: int, device: str) -> Callable[[], torch.Tensor]:
+    src, dst = torch.randn(n, device=device), torch.empty(n, device=device)
+    return lambda: dst.copy_(src)
+
+
+@maker("_to_copy bf16->fp32")
+def _to_copy(n: int, device: str) -> Callable[[], torch.Tensor]:
+    x = torch.randn(1, n, device=device, dtype=torch.bfloat16)
+    return lambda: x.to(torch.float32)
+
+
+def _sync(device: str) -> None:
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
+def _use(side: str) -> None:
+    flaggems.disable()
+    if side != "torch":
+        os.environ["FLAGGEMS_ENTRY"] = side
+        compiled.reset()
+        flaggems.enable()
+
+
+def _timed(calls: list[Callable[[], torch.Tensor]], device: str) -> float:
+    _sync(device)
+    start = time.perf_counter()
+    for call in calls:
+        call()
+    _sync(device)
+    return (time.perf_counter() - start) / max(1, len(calls)) * 1e6
+
+
+def measure(name: str, calls: int, device: str) -> dict:
+    """One row: per side, µs per call over the first ``PLAN_FREE_MISSES`` new shapes and over the rest."""
+    free = binding.PLAN_FREE_MISSES
+    row: dict = {"workload": name, "free_misses": free, "retry_every": binding.PLAN_RETRY_EVERY}
+    for side in ("torch", "compiled", "python"):
+        # fresh sizes per side (none seen before by this process's plans), warmed kernels: 64 sizes first
+        base = 1000 + 7 * calls * ("torch", "compiled", "python").index(side)
+        sequence = [MAKERS[name](base + 7 * i, device) for i in range(calls + 64)]
+        _use(side)
+        for call in sequence[:64]:
+            call()
+        sequence = sequence[64:]
+        budget_left = max(0, free - 64)
+        row[f"{side}_planned_us"] = _timed(sequence[:budget_left], device)
+        row[f"{side}_after_us"] = _timed(sequence[budget_left:], device)
+        if side == "compiled":
+            row["stats"] = {k: v for k, v in RUNTIME.plan_stats().items() if v.get("miss")}
+    _use("torch")
+    planned = "  ".join(f"{side} {row[f'{side}_planned_us']:6.1f}" for side in ("torch", "compiled", "python"))
+    after = "  ".join(f"{side} {row[f'{side}_after_us']:6.1f}" for side in ("torch", "compiled", "python"))
+    print(f"{name:<22} µs per call, planned stretch: {planned} | after the budget: {after}", flush=True)
+    for op, stats in row["stats"].items():
+        print(f"    {op}: " + ", ".join(f"{k} {v}" for k, v in stats.items()))
+    return row
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Command line entry."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--calls", type=int, default=1200)
+    parser.add_argument("--json")
+    args = parser.parse_args(argv)
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    flaggems.backend()
+    rows = [measure(name, args.calls, device) for name in MAKERS]
+    if args.json:
+        meta = {"torch": torch.__version__, "device": torch.cuda.get_device_name() if device == "cuda" else "cpu",
+                "date": time.strftime("%Y-%m-%d")}
+        with open(args.json, "w") as f:
+            json.dump({"meta": meta, "rows": rows}, f, indent=1, default=str)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
