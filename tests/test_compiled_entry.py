@@ -267,6 +267,39 @@ def test_generic_copy_replays_strided_copies(monkeypatch):
         assert stats["replay"] >= 2
 
 
+def test_small_copy_ops_replay_through_typed_kernels(monkeypatch):
+    """copy_, _to_copy, index_copy_, index_copy and index_select are registered unboxed (no boxing on a
+    replay); their replays return what torch returns, the in-place ones the very tensor they wrote."""
+    for op in ("copy_", "_to_copy", "index_copy_", "index_copy", "index_select"):
+        monkeypatch.setenv(f"FLAGGEMS_OP_{op}", "generic")  # routed also where a backend leaves them native
+    with flaggems.enabled():
+        from flaggems.runtime import RUNTIME
+
+        if RUNTIME._binding.registry is None:
+            pytest.skip("compiled entry not active")
+        key = RUNTIME.active_backend().dispatch_key
+        stats = RUNTIME.plan_stats()
+        for op in ("copy_", "_to_copy", "index_copy_", "index_copy", "index_select"):
+            assert stats[f"aten::{op}@{key}"]["typed"], op
+        assert not stats[f"aten::repeat_interleave.self_int@{key}"]["typed"], "other signatures stay boxed"
+        with binding.native_scope():
+            index = torch.randperm(16, device=dev())
+        for _ in range(3):
+            src, rows = torch.randn(16, 8, device=dev()), torch.randn(16, 8, device=dev())
+            dst = torch.empty(16, 8, device=dev())
+            assert dst.copy_(src) is dst and torch.equal(dst, src)
+            half = src.to(torch.float16)
+            with binding.native_scope():
+                assert torch.equal(half, src.half())
+                expected = src.clone().index_copy_(0, index, rows)
+                picked = src[index]
+            assert torch.equal(src.index_copy(0, index, rows), expected)
+            assert dst.index_copy_(0, index, rows) is dst and torch.equal(dst, expected)
+            assert torch.equal(torch.index_select(src, 0, index), picked)
+        stats = RUNTIME.plan_stats()
+        assert stats[f"aten::copy_@{key}"]["replay"] >= 2 and stats[f"aten::_to_copy@{key}"]["replay"] >= 2
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_replay_launches_on_the_current_stream_and_is_graph_capturable():
     """A replayed copy_ inside a CUDA graph capture on a side stream: a launch on any other stream would fail it."""
