@@ -331,6 +331,7 @@ struct Stats {
   // Plans made that served a later call; misses served without planning (the budget), and the skip count
   // that paces the retries.
   std::atomic<int64_t> reused{0}, unplanned{0}, skips{0};
+  std::atomic<int64_t> typed{0};  // replays served by the typed kernel (also counted in replay)
   // Nanoseconds spent per phase of replayed calls, summed while profiling is on (benchmarks read them).
   std::atomic<int64_t> profiled{0}, key_ns{0}, lookup_ns{0}, alloc_ns{0}, launch_ns{0}, finish_ns{0};
 };
@@ -930,6 +931,12 @@ void store(OpState& st, std::vector<int64_t>&& key, std::shared_ptr<const Plan> 
 
 void serve(OpState& st, torch::jit::Stack* stack);
 
+std::shared_ptr<const Plan> find_plan(OpState& st, const std::vector<int64_t>& key) {
+  std::shared_lock<std::shared_mutex> guard(st.lock);
+  auto found = st.plans.find(key);
+  return found != st.plans.end() ? found->second : nullptr;
+}
+
 // Notes a plan serving a call: the first time, it counts as reused.
 void note_hit(OpState& st, const Plan& plan) {
   if (!plan.reused.load(std::memory_order_relaxed) && !plan.reused.exchange(true, std::memory_order_relaxed)) {
@@ -1069,12 +1076,7 @@ void serve(OpState& st, torch::jit::Stack* stack) {
     keyed = add_ivalue(key, *it, inputs, ranges, st.grad_sensitive);
   }
   clock.lap(st.stats.key_ns);
-  std::shared_ptr<const Plan> plan;
-  if (keyed) {
-    std::shared_lock<std::shared_mutex> guard(st.lock);
-    auto found = st.plans.find(key);
-    if (found != st.plans.end()) plan = found->second;
-  }
+  std::shared_ptr<const Plan> plan = keyed ? find_plan(st, key) : nullptr;
   clock.lap(st.stats.lookup_ns);
   if (plan) note_hit(st, *plan);
   if (plan && !on_plan_stream(*plan, inputs)) {
@@ -1228,16 +1230,12 @@ Ret serve_typed(OpState& st, Args... args) {
     TypedKey keyer{key, ranges, inputs};
     (keyer(args), ...);
     clock.lap(st.stats.key_ns);
-    std::shared_ptr<const Plan> plan;
-    if (keyer.ok) {
-      std::shared_lock<std::shared_mutex> guard(st.lock);
-      auto found = st.plans.find(key);
-      if (found != st.plans.end()) plan = found->second;
-    }
+    std::shared_ptr<const Plan> plan = keyer.ok ? find_plan(st, key) : nullptr;
     clock.lap(st.stats.lookup_ns);
     if (plan && typed_replayable<Ret>(*plan)) {
       note_hit(st, *plan);
       st.stats.replay.fetch_add(1, std::memory_order_relaxed);
+      st.stats.typed.fetch_add(1, std::memory_order_relaxed);
       std::vector<at::Tensor> allocs = execute(*plan, inputs, clock, st.stats);
       if constexpr (std::is_same_v<Ret, at::Tensor&>) {
         clock.lap(st.stats.finish_ns);
@@ -1383,6 +1381,7 @@ class Registry {
       row["reused"] = s.reused.load();
       row["unplanned"] = s.unplanned.load();
       row["typed"] = state->typed;
+      row["typed_replay"] = s.typed.load();
       if (s.profiled.load() > 0) {
         py::dict phases;
         const double calls = static_cast<double>(s.profiled.load());
