@@ -278,23 +278,30 @@ bool add_tensor(std::vector<int64_t>& key, const at::Tensor& t, std::vector<at::
   return true;
 }
 
+// Key terms of the scalar arguments, one writer for the boxed (add_ivalue) and the typed (TypedKey)
+// entries: a typed call must find the plan its boxed form made.
+void key_int(std::vector<int64_t>& key, int64_t v) { key.insert(key.end(), {kTagInt, v}); }
+void key_bool(std::vector<int64_t>& key, bool v) { key.insert(key.end(), {kTagBool, int64_t(v)}); }
+void key_double(std::vector<int64_t>& key, double v) {
+  int64_t bits;
+  std::memcpy(&bits, &v, sizeof(bits));
+  key.insert(key.end(), {kTagDouble, bits});
+}
+void key_device(std::vector<int64_t>& key, at::Device d) {
+  key.insert(key.end(), {kTagDevice, (static_cast<int64_t>(d.type()) << 8) | (static_cast<int64_t>(d.index()) + 1)});
+}
+
 bool add_ivalue(std::vector<int64_t>& key, const c10::IValue& v, std::vector<at::Tensor>& inputs,
                 std::vector<std::pair<uintptr_t, uintptr_t>>& ranges, bool grad_sensitive) {
   if (v.isTensor()) return add_tensor(key, v.toTensor(), inputs, ranges, grad_sensitive);
   if (v.isNone()) {
     key.push_back(kTagNone);
   } else if (v.isInt()) {
-    key.push_back(kTagInt);
-    key.push_back(v.toInt());
+    key_int(key, v.toInt());
   } else if (v.isDouble()) {
-    key.push_back(kTagDouble);
-    double d = v.toDouble();
-    int64_t bits;
-    std::memcpy(&bits, &d, sizeof(bits));
-    key.push_back(bits);
+    key_double(key, v.toDouble());
   } else if (v.isBool()) {
-    key.push_back(kTagBool);
-    key.push_back(v.toBool());
+    key_bool(key, v.toBool());
   } else if (v.isIntList()) {
     key.push_back(kTagIntList);
     const auto list = v.toIntVector();
@@ -309,9 +316,7 @@ bool add_ivalue(std::vector<int64_t>& key, const c10::IValue& v, std::vector<at:
     key.push_back(kTagString);
     key.push_back(static_cast<int64_t>(std::hash<std::string>()(v.toStringRef())));
   } else if (v.isDevice()) {
-    const auto d = v.toDevice();
-    key.push_back(kTagDevice);
-    key.push_back((static_cast<int64_t>(d.type()) << 8) | (static_cast<int64_t>(d.index()) + 1));
+    key_device(key, v.toDevice());
   } else if (v.isTensorList()) {
     const auto list = v.toTensorList();
     key.push_back(kTagTensorList);
@@ -1160,7 +1165,7 @@ class Entry final : public c10::OperatorKernel {
 // The typed entry keys the arguments where they are and replays a plain replay plan; anything else (a
 // miss, a non-replay plan, state buffers, a re-entrant call) is boxed and served as above.
 
-// The key terms add_ivalue writes for the boxed form of each argument type.
+// The key terms add_ivalue writes for the boxed form of each argument type (enums are boxed as ints).
 struct TypedKey {
   std::vector<int64_t>& key;
   Ranges& ranges;
@@ -1170,19 +1175,13 @@ struct TypedKey {
   void operator()(const at::Tensor& t) {
     if (ok && (ok = key_tensor(key, t, ranges, false)) && t.defined()) inputs.push_back(&t);
   }
-  void operator()(int64_t v) { key.insert(key.end(), {kTagInt, v}); }
-  void operator()(bool v) { key.insert(key.end(), {kTagBool, int64_t(v)}); }
-  void operator()(double v) {
-    int64_t bits;
-    std::memcpy(&bits, &v, sizeof(bits));
-    key.insert(key.end(), {kTagDouble, bits});
-  }
-  void operator()(at::ScalarType v) { (*this)(static_cast<int64_t>(v)); }  // boxed as an int
-  void operator()(at::Layout v) { (*this)(static_cast<int64_t>(v)); }
-  void operator()(at::MemoryFormat v) { (*this)(static_cast<int64_t>(v)); }
-  void operator()(at::Device d) {
-    key.insert(key.end(), {kTagDevice, (static_cast<int64_t>(d.type()) << 8) | (static_cast<int64_t>(d.index()) + 1)});
-  }
+  void operator()(int64_t v) { key_int(key, v); }
+  void operator()(bool v) { key_bool(key, v); }
+  void operator()(double v) { key_double(key, v); }
+  void operator()(at::ScalarType v) { key_int(key, static_cast<int64_t>(v)); }
+  void operator()(at::Layout v) { key_int(key, static_cast<int64_t>(v)); }
+  void operator()(at::MemoryFormat v) { key_int(key, static_cast<int64_t>(v)); }
+  void operator()(at::Device d) { key_device(key, d); }
   template <class T>
   void operator()(const std::optional<T>& v) {
     if (v.has_value()) {
