@@ -97,6 +97,26 @@ def test_both_kernels_equal_torch(ascend, monkeypatch, name, dtype):
     assert set(launched) == {"flat" if inner <= ascend.FLAT_MAX_INNER else "rows"}, launched
 
 
+@pytest.mark.parametrize("name", ["vector", "inner 3", "inner 33"])
+def test_a_strided_offset_index_is_read_where_its_elements_are(ascend, monkeypatch, name):
+    """Both kernels read ``index`` through its stride and storage offset (``base[1::2]``), not as dense."""
+    shape, dim, indices = CASES[name]
+    launched = _spy(monkeypatch, ascend)
+    base = torch.full((2 * len(indices) + 1,), -7, dtype=torch.int64)
+    base[1::2] = torch.tensor(indices)
+    index = base.to(DEV)[1::2]  # stride 2, offset 1: the dense reading would see -7s and the wrong rows
+    assert index.stride() == (2,) and index.storage_offset() == 1
+    x = torch.randn(shape, dtype=torch.float16).to(DEV)
+    source_shape = list(shape)
+    source_shape[dim] = len(indices)
+    source = torch.randn(source_shape, dtype=torch.float16).to(DEV)
+    expected = _expected(x, dim, index, source)
+    inplace = x.clone()
+    inplace.index_copy_(dim, index, source)
+    assert torch.equal(x.index_copy(dim, index, source).cpu(), expected) and torch.equal(inplace.cpu(), expected)
+    assert launched and set(launched) <= {"flat", "rows"}
+
+
 def test_routes_choose_ascend_and_float64_declines_with_its_reason(ascend):
     chosen = {r["op"]: r["chosen"] for r in flaggems.routes() if r["op"] in ("index_copy", "index_copy_")}
     assert chosen == {"index_copy": "ascend", "index_copy_": "ascend"}

@@ -13,8 +13,9 @@ resident programs of its multiprocessors when simulated on a GPU:
 * **rows** (wider suffixes): ``[BLOCK_R, BLOCK_C]`` tiles of whole rows, each
   row's destination found once from ``index``.
 
-Offsets are 64-bit and the sizes are runtime arguments (no compile per
-shape). An index outside ``[0, dim_size)`` is never written (the generic
+Offsets are 64-bit and the sizes and the index's stride are runtime
+arguments (no compile per shape; a strided index such as ``base[1::2]`` is
+read where its elements are). An index outside ``[0, dim_size)`` is never written (the generic
 op's contract: ``FLAGGEMS_CHECK_INDICES=1`` raises torch's IndexError first).
 Nothing launches for an empty index or empty rows.
 
@@ -59,11 +60,11 @@ GPU_INPLACE_MAX = 4096
 #: Tests set it False to run the Ascend kernels on a GPU whatever the shape.
 PREFER_GENERIC_ON_GPU = True
 
-_SCALARS = ("outer", "n", "inner", "dim_size", "total", "tiles", "col_tiles")
+_SCALARS = ("index_stride", "outer", "n", "inner", "dim_size", "total", "tiles", "col_tiles")
 
 
 @triton.jit(do_not_specialize=_SCALARS)
-def _flat_kernel(dst, src, index, outer, n, inner, dim_size, total, tiles, BLOCK: tl.constexpr):
+def _flat_kernel(dst, src, index, index_stride, outer, n, inner, dim_size, total, tiles, BLOCK: tl.constexpr):
     """``dst[o, index[j], i] = src[o, j, i]`` one element per lane, tiles walked by a grid-stride loop."""
     for tile in range(tl.program_id(0).to(tl.int64), tiles, tl.num_programs(0).to(tl.int64)):  # int64 offsets
         e = tile * BLOCK + tl.arange(0, BLOCK)
@@ -72,14 +73,14 @@ def _flat_kernel(dst, src, index, outer, n, inner, dim_size, total, tiles, BLOCK
         row = e // inner
         j = row % n
         o = row // n
-        idx = tl.load(index + j, mask=live, other=-1)
+        idx = tl.load(index + j * index_stride, mask=live, other=-1)
         ok = live & (idx >= 0) & (idx < dim_size)
         value = tl.load(src + e, mask=live)
         tl.store(dst + (o * dim_size + idx) * inner + i, value, mask=ok)
 
 
 @triton.jit(do_not_specialize=_SCALARS)
-def _row_kernel(dst, src, index, outer, n, inner, dim_size, tiles, col_tiles,
+def _row_kernel(dst, src, index, index_stride, outer, n, inner, dim_size, tiles, col_tiles,
                 BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr):
     """``[BLOCK_R, BLOCK_C]`` tiles of whole source rows; each row's destination row read once."""
     for tile in range(tl.program_id(0).to(tl.int64), tiles, tl.num_programs(0).to(tl.int64)):  # int64 offsets
@@ -88,7 +89,7 @@ def _row_kernel(dst, src, index, outer, n, inner, dim_size, tiles, col_tiles,
         live_r = rows < outer * n
         j = rows % n
         o = rows // n
-        idx = tl.load(index + j, mask=live_r, other=-1)
+        idx = tl.load(index + j * index_stride, mask=live_r, other=-1)
         ok_r = live_r & (idx >= 0) & (idx < dim_size)
         live_c = cols < inner
         src_at = rows[:, None] * inner + cols[None, :]
@@ -172,14 +173,15 @@ def scatter(call: front.Call) -> None:
     if inner <= FLAT_MAX_INNER:
         block = flat_block(total, cores)
         tiles = cdiv(total, block)
-        _launcher(_flat_kernel, BLOCK=block)((min(tiles, cores),), target, src, index, outer, n, inner, dim_size,
-                                             total, tiles)
+        _launcher(_flat_kernel, BLOCK=block)((min(tiles, cores),), target, src, index, index.stride(0), outer, n,
+                                             inner, dim_size, total, tiles)
         return
     block_r, block_c = row_tile(inner)
     col_tiles = cdiv(inner, block_c)
     tiles = cdiv(outer * n, block_r) * col_tiles
-    _launcher(_row_kernel, BLOCK_R=block_r, BLOCK_C=block_c)((min(tiles, cores),), target, src, index, outer, n,
-                                                             inner, dim_size, tiles, col_tiles)
+    _launcher(_row_kernel, BLOCK_R=block_r, BLOCK_C=block_c)((min(tiles, cores),), target, src, index,
+                                                             index.stride(0), outer, n, inner, dim_size, tiles,
+                                                             col_tiles)
 
 
 def _dense(source: torch.Tensor) -> torch.Tensor:
