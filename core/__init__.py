@@ -38,6 +38,7 @@ __all__ = [
     "hookimpl",
     "info",
     "is_enabled",
+    "release",
     "routes",
     "tuning",
 ]
@@ -65,8 +66,25 @@ def enable(include: Iterable[str] | None = None, exclude: Iterable[str] | None =
 
 
 def disable() -> None:
-    """Restore every native kernel (idempotent, thread-safe)."""
+    """Route every op to torch's own kernel again (idempotent, thread-safe).
+
+    flaggems' registrations stay with the dispatcher, switched off (a disabled
+    call costs one forward to torch's kernel): registering or removing a kernel
+    while other threads call the op is unsafe in torch itself, so ``enable()``
+    and ``disable()`` only switch what the registrations serve. :func:`release`
+    removes them.
+    """
     _runtime().disable()
+
+
+def release() -> None:
+    """``disable()``, then remove every registration flaggems made with torch's dispatcher.
+
+    Not thread-safe: call it only while no other thread runs torch operators
+    (e.g. at the end of a program or a test session). A later ``enable()``
+    registers again.
+    """
+    _runtime().release()
 
 
 def is_enabled() -> bool:

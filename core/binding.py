@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+from torch.autograd import forward_ad
 
 from . import compiled, log
 from .policy import Route
@@ -115,7 +116,20 @@ class NativeKernel:
 
     @classmethod
     def capture(cls, op: str, dispatch_key: str) -> NativeKernel:
-        """Capture the current kernel of ``aten::op`` on ``dispatch_key``."""
+        """The kernel of ``aten::op`` on ``dispatch_key`` that flaggems found there (torch's own).
+
+        Captured the first time flaggems asks, before it registers anything for that op and key, and kept:
+        flaggems' registrations stay for the process (see :class:`Binding`), so the kernel current later
+        may be flaggems' own.
+        """
+        found = _NATIVES.get((op, dispatch_key))
+        if found is None:
+            found = _NATIVES[(op, dispatch_key)] = cls.current(op, dispatch_key)
+        return found
+
+    @classmethod
+    def current(cls, op: str, dispatch_key: str) -> NativeKernel:
+        """The kernel of ``aten::op`` on ``dispatch_key`` now (a registration of flaggems' own, if one is there)."""
         overload = _overload(op)
         kernel = torch.library.get_kernel(overload, dispatch_key)
         keyset = torch._C.DispatchKeySet(getattr(torch._C.DispatchKey, dispatch_key))
@@ -144,6 +158,10 @@ class NativeKernel:
         new_kwargs = {k: (_scalar_tensor_like(v, tensors) if k in self.tensor_names and isinstance(v, _PY_NUMBER)
                           else v) for k, v in kwargs.items()}
         return tuple(new_args), new_kwargs
+
+
+#: torch's kernel per ``(op, dispatch key)``, as :meth:`NativeKernel.capture` first found it.
+_NATIVES: dict[tuple[str, str], NativeKernel] = {}
 
 
 def _overload(op: str) -> torch._ops.OpOverload:
@@ -197,6 +215,54 @@ def _decline_reason(verdict: Any) -> str:
     return verdict if isinstance(verdict, str) else "supports() returned False"
 
 
+def _unservable_keys() -> dict[str, int]:
+    """Dispatch keys marking a tensor no kernel of flaggems reads right, with their bits (``raw_repr``)."""
+    keys = torch._C.DispatchKey
+    names = ("Python", "PythonTLSSnapshot", "Negative", "Conjugate", "ZeroTensor", "FuncTorchGradWrapper",
+             "FuncTorchBatched", "BatchedNestedTensor", "Functionalize", "Sparse", "SparseCsr", "NestedTensor")
+    return {name: torch._C.DispatchKeySet(getattr(keys, name)).raw_repr() for name in names if hasattr(keys, name)}
+
+
+_UNSERVABLE = _unservable_keys()
+_UNSERVABLE_MASK = sum(_UNSERVABLE.values())
+
+
+def _tensor_unservable(tensor: torch.Tensor) -> str | None:
+    bits = torch._C._dispatch_keys(tensor).raw_repr() & _UNSERVABLE_MASK
+    if bits:
+        names = [name for name, bit in _UNSERVABLE.items() if bits & bit]
+        return f"a tensor with dispatch key {'/'.join(names)} (torch's kernel resolves it)"
+    if tensor.layout is not torch.strided:
+        return f"a {tensor.layout} tensor"
+    if forward_ad._current_level >= 0 and forward_ad.unpack_dual(tensor).tangent is not None:
+        return "a tensor with a forward-AD tangent (torch's kernel carries it)"
+    return None
+
+
+def unservable(args: Sequence[Any], kwargs: dict[str, Any] | None = None) -> str | None:
+    """Why no implementation may serve this call, or ``None``: one check for every implementation.
+
+    A tensor argument (or one in a list) whose values are not what its memory holds, or that is not plain
+    memory: the negative or conjugate bit (``torch._neg_view``, ``c.conj().imag``), a zero tensor, a Python
+    subclass (the fake tensors torch.compile traces with, wrapper subclasses), a functorch wrapper (vmap,
+    grad, jvp), a functionalized, sparse or nested tensor, or one carrying a forward-AD tangent. Such calls go
+    to torch's kernel. Below an Autograd key torch's own fallbacks resolve these before a routed kernel runs
+    (all but ``copy_``, whose front reads the bits); on an Autograd key (CompositeImplicitAutograd ops such
+    as ``repeat_interleave`` and ``group_norm``) they arrive as they are. The compiled entry makes the same
+    check in C++; the Python entry makes it on Autograd keys; the conformance kit before each direct call.
+    """
+    for value in (*args, *(kwargs or {}).values()):
+        if isinstance(value, torch.Tensor):
+            reason = _tensor_unservable(value)
+            if reason is not None:
+                return reason
+        elif isinstance(value, (list, tuple)):
+            for item in value:
+                if isinstance(item, torch.Tensor) and (reason := _tensor_unservable(item)) is not None:
+                    return reason
+    return None
+
+
 #: Declines seen since the last ``enable()``: ``(op, implementation, reason) -> count``. The Python entry
 #: counts calls; under the compiled entry a key planned native is counted once (its later calls replay
 #: the native plan in C++, counted per op in ``plan_stats()``).
@@ -216,16 +282,24 @@ def declines_of(op: str) -> list[dict[str, Any]]:
 
 
 def build_entry(op: str, chain: Sequence[ResolvedLink], native: NativeKernel,
-                channels: frozenset[str]) -> Callable[..., Any]:
+                channels: frozenset[str], gate: bool = False) -> Callable[..., Any]:
     """Build the per-op entry point registered with the dispatcher.
 
     The fast variant (one implementation, no ``supports``, no logging) costs a
     thread-ident lookup, a set add/discard and a ``try``; see the README.
+    ``gate``: the entry first sends calls :func:`unservable` names to the
+    native kernel (on Autograd keys; ~0.8 µs a tensor on the CI host, where
+    below them torch's fallbacks have resolved such tensors already).
     """
     busy: set[int] = set()  # threads currently inside this op's implementation
+    check = unservable if gate else None
     if len(chain) == 1 and chain[0].supports is None and not channels:
-        return _build_single_entry(op, chain[0], native, busy)
-    return _build_chain_entry(op, tuple(chain), native, channels, busy)
+        return _build_single_entry(op, chain[0], native, busy, check)
+    return _build_chain_entry(op, tuple(chain), native, channels, busy, check)
+
+
+#: The label under which :func:`unservable` calls are counted (``flaggems routes``: "declined xN").
+GATE_LABEL = "flaggems"
 
 
 def _number_check(native: NativeKernel) -> tuple[int, Callable[[tuple], bool] | None]:
@@ -262,7 +336,8 @@ def goes_native_test(native: NativeKernel) -> Callable[[tuple], bool]:
     return goes_native
 
 
-def _build_single_entry(op: str, link: ResolvedLink, native: NativeKernel, busy: set[int]) -> Callable[..., Any]:
+def _build_single_entry(op: str, link: ResolvedLink, native: NativeKernel, busy: set[int],
+                        gate: Callable[..., str | None] | None) -> Callable[..., Any]:
     fn, label = link.fn, link.label
     get_ident = threading.get_ident
     native_threads = _NATIVE_THREADS
@@ -273,6 +348,9 @@ def _build_single_entry(op: str, link: ResolvedLink, native: NativeKernel, busy:
         me = get_ident()
         if (me in busy or me in native_threads or (len(args) > slot and args[slot].__class__ in numbers)
                 or (other_slots is not None and other_slots(args))):
+            return native(*args, **kwargs)
+        if gate is not None and (reason := gate(args, kwargs)) is not None:
+            note_decline(op, GATE_LABEL, reason)
             return native(*args, **kwargs)
         busy.add(me)
         try:
@@ -287,7 +365,8 @@ def _build_single_entry(op: str, link: ResolvedLink, native: NativeKernel, busy:
 
 
 def _build_chain_entry(op: str, chain: tuple[ResolvedLink, ...], native: NativeKernel,
-                       channels: frozenset[str], busy: set[int]) -> Callable[..., Any]:
+                       channels: frozenset[str], busy: set[int],
+                       gate: Callable[..., str | None] | None) -> Callable[..., Any]:
     get_ident = threading.get_ident
     native_threads = _NATIVE_THREADS
     dispatch_log = log.logger("dispatch") if "dispatch" in channels else None
@@ -308,6 +387,11 @@ def _build_chain_entry(op: str, chain: tuple[ResolvedLink, ...], native: NativeK
         if goes_native(me, args):
             if dispatch_log:
                 dispatch_log.info("%s -> native (re-entered or Python scalar)", op)
+            return native(*args, **kwargs)
+        if gate is not None and (reason := gate(args, kwargs)) is not None:
+            note_decline(op, GATE_LABEL, reason)
+            if fallback_log:
+                fallback_log.info("%s: every implementation declined: %s", op, reason)
             return native(*args, **kwargs)
         busy.add(me)
         try:
@@ -348,25 +432,69 @@ PLAN_FREE_MISSES = 256
 PLAN_RETRY_EVERY = 64
 
 
-class Binding:
-    """Registrations of one ``enable()``: created by it, removed by ``disable()``.
+class _PySlot:
+    """The Python registration of one op on one dispatch key, made once for the process.
 
-    With the compiled entry (``compiled``, the module of :mod:`flaggems.compiled`)
-    each op is registered through it: its plan cache serves the steady state and
-    a miss calls the op's planner (:mod:`flaggems.planner`). Without it, or while
-    a log channel is on (the compiled entry logs nothing), the Python entry is
-    registered directly.
+    ``serve`` is the entry of the current ``enable()`` or ``None``; the kernel the registration covers
+    (``below``, found when it was made) serves while it is ``None``.
+    """
+
+    def __init__(self, op: str, key: str) -> None:
+        self.serve: Callable[..., Any] | None = None
+        below = NativeKernel.current(op, key)
+
+        def slot_entry(*args: Any, **kwargs: Any) -> Any:
+            serve = self.serve
+            return below(*args, **kwargs) if serve is None else serve(*args, **kwargs)
+
+        self.library = torch.library.Library("aten", "IMPL")
+        with warnings.catch_warnings():
+            # torch warns once when overriding a C++ kernel: that is the point here.
+            warnings.simplefilter("ignore", UserWarning)
+            self.library.impl(op, slot_entry, key)
+
+
+_PY_SLOTS: dict[tuple[str, str], _PySlot] = {}
+
+
+def release() -> None:
+    """Remove every registration flaggems made with the dispatcher (``flaggems.release()``).
+
+    ``disable()`` only switches the registrations off: registering or removing a kernel while another
+    thread calls the op is unsafe in torch itself. Call this only when no other thread runs torch ops.
+    """
+    for slot in _PY_SLOTS.values():
+        slot.serve = None
+        slot.library._destroy()
+    _PY_SLOTS.clear()
+    module = compiled.loaded()
+    if module is not None:
+        module.release()
+
+
+class Binding:
+    """What one ``enable()`` routes: set up by it, switched off by ``disable()``.
+
+    Registrations are made once per op and dispatch key for the process and
+    then only pointed at the entries of the ``enable()`` in force (``None``
+    after ``disable()``: the kernel they cover serves), so that enabling and
+    disabling while other threads call routed ops is safe (:func:`release`
+    removes them). With the compiled entry (``compiled``, the module of
+    :mod:`flaggems.compiled`) each op is registered through it: its plan
+    cache serves the steady state and a miss calls the op's planner
+    (:mod:`flaggems.planner`). Without it, or while a log channel is on (the
+    compiled entry logs nothing), the Python entry serves.
     """
 
     def __init__(self, dispatch_key: str) -> None:
         self.dispatch_key = dispatch_key
-        self.library: torch.library.Library | None = None
+        self.slots: list[tuple[_PySlot, Callable[..., Any]]] = []
         self.registry: Any = None
         self.ops: dict[str, Callable[..., Any]] = {}
         self.natives: dict[str, NativeKernel] = {}
 
     def register(self, routes: dict[str, Route], channels: frozenset[str], compiled_entry: Any = None) -> None:
-        """Register one entry per routed op (ops routed to native stay untouched).
+        """Point one entry per routed op at the dispatcher (ops routed to native stay untouched).
 
         A CompositeImplicitAutograd op (``repeat_interleave.self_int``, ...)
         is registered on the backend's Autograd key too: with only a backend
@@ -385,25 +513,27 @@ class Binding:
             chain = resolve_chain(route)
             for key in self._keys_for(op):
                 native = NativeKernel.capture(op, key)
-                prepared.append((op, key, chain, build_entry(op, chain, native, channels), native))
+                gate = key.startswith("Autograd")
+                prepared.append((op, key, chain, build_entry(op, chain, native, channels, gate), native))
         use_compiled = compiled_entry is not None and not channels
         if use_compiled:
             registry = compiled_entry.Registry()
-            for op, key, chain, entry, native in prepared:
+            for op, key, chain, _, native in prepared:
                 name, _, overload = op.partition(".")
+                # The compiled entry checks unservable calls in C++ before its Python entry is reached.
+                entry = build_entry(op, chain, native, frozenset())
                 registry.add(f"aten::{name}", overload, key, entry,
                              build_planner(chain, native, goes_native_test(native), op), PLAN_CAPACITY,
                              PLAN_FREE_MISSES, PLAN_RETRY_EVERY)
             registry.register_all()
             self.registry = registry
         else:
-            library = torch.library.Library("aten", "IMPL")
-            with warnings.catch_warnings():
-                # torch warns once when overriding a C++ kernel: that is the point here.
-                warnings.simplefilter("ignore", UserWarning)
-                for op, key, _, entry, _ in prepared:
-                    library.impl(op, entry, key)
-            self.library = library
+            for op, key, _, entry, _ in prepared:
+                slot = _PY_SLOTS.get((op, key))
+                if slot is None:
+                    slot = _PY_SLOTS[(op, key)] = _PySlot(op, key)
+                slot.serve = entry
+                self.slots.append((slot, entry))
         for op, key, _, entry, native in prepared:
             if key == self.dispatch_key:
                 self.ops[op] = entry
@@ -425,12 +555,13 @@ class Binding:
             self.registry.clear_plans()
 
     def unregister(self) -> None:
-        """Remove every registration, restoring the native kernels."""
-        if self.library is not None:
-            self.library._destroy()
+        """Switch every entry of this binding off: the kernels the registrations cover serve again."""
+        for slot, entry in self.slots:
+            if slot.serve is entry:
+                slot.serve = None
         if self.registry is not None:
             self.registry.unregister_all()
-        self.library = None
+        self.slots = []
         self.registry = None
         self.ops.clear()
         self.natives.clear()

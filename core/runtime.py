@@ -286,6 +286,14 @@ class Runtime:
                 self._binding.unregister()
             self._binding, self._enabled_with, self._routes = None, None, {}
 
+    def release(self) -> None:
+        """``disable()``, then remove flaggems' registrations from the dispatcher (see :func:`flaggems.release`)."""
+        from .binding import release
+
+        with self.lock:
+            self.disable()
+            release()
+
     @property
     def enabled_with(self) -> tuple | None:
         """The ``(include, exclude)`` of the current enable, or ``None``."""

@@ -226,20 +226,45 @@ enum Tag : int64_t {
 
 using Ranges = std::vector<std::pair<uintptr_t, uintptr_t>>;
 
-// Appends one tensor's key terms; false for a tensor the plans cannot describe. A defined tensor is an
-// input of the plan (the caller keeps it).
-bool key_tensor(std::vector<int64_t>& key, const at::Tensor& t, Ranges& ranges, bool grad_sensitive) {
+// What the key made of a call: keyed (plans may serve it), unkeyable (a value the key cannot describe:
+// the Python entry serves it uncached) or unservable (a tensor no kernel of flaggems reads right: torch's
+// own kernel serves it, for every implementation).
+enum class Keyed { kYes, kUnkeyable, kUnservable };
+
+// Tensors whose values are not what their storage holds, or that are not plain memory at all: the negative
+// and conjugate bits (torch._neg_view, c.conj().imag), zero tensors, Python subclasses (fake tensors of
+// torch.compile, wrapper subclasses), functorch wrappers (vmap, grad, jvp), functionalized and sparse or
+// nested tensors. Below an Autograd key torch's fallbacks resolve most of them before a routed kernel
+// runs; on an Autograd key (CompositeImplicitAutograd ops) they arrive as they are.
+c10::DispatchKeySet unservable_keys() {
+  using K = c10::DispatchKey;
+  c10::DispatchKeySet set;
+  for (K k : {K::Python, K::PythonTLSSnapshot, K::Negative, K::Conjugate, K::ZeroTensor, K::FuncTorchGradWrapper,
+              K::FuncTorchBatched, K::BatchedNestedTensor, K::Functionalize, K::Sparse, K::SparseCsr,
+              K::NestedTensor}) {
+    set = set | c10::DispatchKeySet(k);
+  }
+  return set;
+}
+
+// Appends one tensor's key terms. A defined tensor is an input of the plan (the caller keeps it).
+Keyed key_tensor(std::vector<int64_t>& key, const at::Tensor& t, Ranges& ranges, bool grad_sensitive) {
+  static const c10::DispatchKeySet unservable = unservable_keys();
   if (!t.defined()) {
     key.push_back(kTagUndefined);
-    return true;
+    return Keyed::kYes;
   }
-  if (t.layout() != at::kStrided || !t.has_storage() || t.is_nested()) return false;
   const auto* impl = t.unsafeGetTensorImpl();
-  // On an Autograd key, a tensor with a forward-mode tangent needs it carried: such calls take the Python
-  // entry. Autograd metadata otherwise is keyed (requires grad, has metadata): the planner never makes a
-  // replay of a call that needs a graph; a native plan (the captured kernel records its own) is safe.
+  if (!(impl->key_set() & unservable).empty() || t.layout() != at::kStrided || !t.has_storage()) {
+    return Keyed::kUnservable;
+  }
+  // On an Autograd key, a tensor with a forward-mode tangent needs torch's kernel to carry it. Autograd
+  // metadata otherwise is keyed (requires grad, has metadata): the planner never makes a replay of a call
+  // that needs a graph; a native plan (the captured kernel records its own) is safe.
   const bool has_meta = impl->autograd_meta() != nullptr;
-  if (grad_sensitive && has_meta && torch::autograd::impl::get_autograd_meta(t)->fw_grad_ != nullptr) return false;
+  if (grad_sensitive && has_meta && torch::autograd::impl::get_autograd_meta(t)->fw_grad_ != nullptr) {
+    return Keyed::kUnservable;
+  }
   const auto device = t.device();
   key.push_back(kTagTensor);
   key.push_back(static_cast<int64_t>(t.scalar_type()) | (static_cast<int64_t>(device.type()) << 8) |
@@ -268,14 +293,14 @@ bool key_tensor(std::vector<int64_t>& key, const at::Tensor& t, Ranges& ranges, 
   }
   key.push_back(alias);
   ranges.emplace_back(begin, end);
-  return true;
+  return Keyed::kYes;
 }
 
-bool add_tensor(std::vector<int64_t>& key, const at::Tensor& t, std::vector<at::Tensor>& inputs, Ranges& ranges,
-                bool grad_sensitive) {
-  if (!key_tensor(key, t, ranges, grad_sensitive)) return false;
-  if (t.defined()) inputs.push_back(t);
-  return true;
+Keyed add_tensor(std::vector<int64_t>& key, const at::Tensor& t, std::vector<at::Tensor>& inputs, Ranges& ranges,
+                 bool grad_sensitive) {
+  const Keyed keyed = key_tensor(key, t, ranges, grad_sensitive);
+  if (keyed == Keyed::kYes && t.defined()) inputs.push_back(t);
+  return keyed;
 }
 
 // Key terms of the scalar arguments, one writer for the boxed (add_ivalue) and the typed (TypedKey)
@@ -291,8 +316,8 @@ void key_device(std::vector<int64_t>& key, at::Device d) {
   key.insert(key.end(), {kTagDevice, (static_cast<int64_t>(d.type()) << 8) | (static_cast<int64_t>(d.index()) + 1)});
 }
 
-bool add_ivalue(std::vector<int64_t>& key, const c10::IValue& v, std::vector<at::Tensor>& inputs,
-                std::vector<std::pair<uintptr_t, uintptr_t>>& ranges, bool grad_sensitive) {
+Keyed add_ivalue(std::vector<int64_t>& key, const c10::IValue& v, std::vector<at::Tensor>& inputs,
+                 std::vector<std::pair<uintptr_t, uintptr_t>>& ranges, bool grad_sensitive) {
   if (v.isTensor()) return add_tensor(key, v.toTensor(), inputs, ranges, grad_sensitive);
   if (v.isNone()) {
     key.push_back(kTagNone);
@@ -322,12 +347,13 @@ bool add_ivalue(std::vector<int64_t>& key, const c10::IValue& v, std::vector<at:
     key.push_back(kTagTensorList);
     key.push_back(static_cast<int64_t>(list.size()));
     for (const at::Tensor t : list) {
-      if (!add_tensor(key, t, inputs, ranges, grad_sensitive)) return false;
+      const Keyed keyed = add_tensor(key, t, inputs, ranges, grad_sensitive);
+      if (keyed != Keyed::kYes) return keyed;
     }
   } else {
-    return false;
+    return Keyed::kUnkeyable;
   }
-  return true;
+  return Keyed::kYes;
 }
 
 // ---------------------------------------------------------------- per-op state
@@ -337,6 +363,7 @@ struct Stats {
   // that paces the retries.
   std::atomic<int64_t> reused{0}, unplanned{0}, skips{0};
   std::atomic<int64_t> typed{0};  // replays served by the typed kernel (also counted in replay)
+  std::atomic<int64_t> unservable{0};  // calls with a tensor no kernel reads right (key_tensor): torch's kernel
   // Nanoseconds spent per phase of replayed calls, summed while profiling is on (benchmarks read them).
   std::atomic<int64_t> profiled{0}, key_ns{0}, lookup_ns{0}, alloc_ns{0}, launch_ns{0}, finish_ns{0};
 };
@@ -1072,14 +1099,20 @@ void serve(OpState& st, torch::jit::Stack* stack) {
   std::vector<at::Tensor> inputs;
   key.clear();
   ranges.clear();
-  bool keyed = true;
+  Keyed keying = Keyed::kYes;
   if (st.grad_sensitive) {
     key.push_back(kTagGrad);
     key.push_back(at::GradMode::is_enabled());
   }
-  for (auto it = stack->end() - num_args; it != stack->end() && keyed; ++it) {
-    keyed = add_ivalue(key, *it, inputs, ranges, st.grad_sensitive);
+  for (auto it = stack->end() - num_args; it != stack->end() && keying == Keyed::kYes; ++it) {
+    keying = add_ivalue(key, *it, inputs, ranges, st.grad_sensitive);
   }
+  if (keying == Keyed::kUnservable) {
+    st.stats.unservable.fetch_add(1, std::memory_order_relaxed);
+    call_native(st, stack);
+    return;
+  }
+  const bool keyed = keying == Keyed::kYes;
   clock.lap(st.stats.key_ns);
   std::shared_ptr<const Plan> plan = keyed ? find_plan(st, key) : nullptr;
   clock.lap(st.stats.lookup_ns);
@@ -1146,16 +1179,39 @@ void serve(OpState& st, torch::jit::Stack* stack) {
   push_result(st, stack, num_args, py::reinterpret_borrow<py::object>(pair[0]));
 }
 
+// ---------------------------------------------------------------- slots
+// One registration of one op on one dispatch key, made the first time an enable() routes the op there and
+// kept for the process: enable() points it at that enable's OpState, disable() at none, and then the kernel
+// it covers serves. torch's dispatcher is not safe against registering or removing a kernel while another
+// thread calls the op (a toggling thread crashed six calling ones within 20 s), so enable() and disable()
+// never do either after the first time; release() removes every registration, on request.
+struct Slot {
+  c10::OperatorHandle op;
+  c10::DispatchKey key;
+  c10::SafeKernelFunction below;   // the kernel this registration covers (captured before it is made)
+  std::shared_ptr<OpState> state;  // read and written through std::atomic_load / std::atomic_store only
+  std::unique_ptr<torch::Library> library;
+  bool typed = false;
+
+  std::shared_ptr<OpState> current() const { return std::atomic_load_explicit(&state, std::memory_order_acquire); }
+  void call_below(torch::jit::Stack* stack) const { below.callBoxed(op, c10::DispatchKeySet(key), stack); }
+};
+
 class Entry final : public c10::OperatorKernel {
  public:
-  explicit Entry(std::shared_ptr<OpState> state) : state_(std::move(state)) {}
+  explicit Entry(Slot* slot) : slot_(slot) {}
 
   void operator()(const c10::OperatorHandle&, c10::DispatchKeySet, torch::jit::Stack* stack) {
-    serve(*state_, stack);
+    const std::shared_ptr<OpState> state = slot_->current();
+    if (state) {
+      serve(*state, stack);
+    } else {
+      slot_->call_below(stack);
+    }
   }
 
  private:
-  std::shared_ptr<OpState> state_;
+  Slot* slot_;  // slots live as long as the process
 };
 
 // ---------------------------------------------------------------- typed entries
@@ -1173,7 +1229,7 @@ struct TypedKey {
   bool ok = true;
 
   void operator()(const at::Tensor& t) {
-    if (ok && (ok = key_tensor(key, t, ranges, false)) && t.defined()) inputs.push_back(&t);
+    if (ok && (ok = key_tensor(key, t, ranges, false) == Keyed::kYes) && t.defined()) inputs.push_back(&t);
   }
   void operator()(int64_t v) { key_int(key, v); }
   void operator()(bool v) { key_bool(key, v); }
@@ -1203,18 +1259,24 @@ bool typed_replayable(const Plan& plan) {
   return true;
 }
 
-template <class Ret, class... Args>
-Ret serve_boxed(OpState& st, Args... args) {
+// Boxes a typed call and runs ``call`` on its stack (the boxed entry, or the kernel a slot covers).
+template <class Ret, class Call, class... Args>
+Ret call_boxed(const std::string& name, Call&& call, Args... args) {
   torch::jit::Stack stack;
   stack.reserve(sizeof...(Args));
   torch::jit::push(stack, args...);
-  serve(st, &stack);
+  call(&stack);
   if constexpr (std::is_same_v<Ret, at::Tensor&>) {
     return std::get<0>(std::forward_as_tuple(args...));  // what the dispatcher's own boxing returns
   } else {
-    TORCH_CHECK(stack.size() == 1, "flaggems: ", st.name, " returned ", stack.size(), " values, expected 1");
+    TORCH_CHECK(stack.size() == 1, "flaggems: ", name, " returned ", stack.size(), " values, expected 1");
     return std::move(stack.back()).toTensor();
   }
+}
+
+template <class Ret, class... Args>
+Ret serve_boxed(OpState& st, Args... args) {
+  return call_boxed<Ret>(st.name, [&st](torch::jit::Stack* stack) { serve(st, stack); }, args...);
 }
 
 template <class Ret, class... Args>
@@ -1254,8 +1316,13 @@ Ret serve_typed(OpState& st, Args... args) {
 }
 
 template <class Ret, class... Args>
-torch::CppFunction typed_kernel(const std::shared_ptr<OpState>& st, Ret (*)(Args...)) {
-  return torch::CppFunction([st](Args... args) -> Ret { return serve_typed<Ret, Args...>(*st, args...); });
+torch::CppFunction typed_kernel(Slot* slot, Ret (*)(Args...)) {
+  return torch::CppFunction([slot](Args... args) -> Ret {
+    const std::shared_ptr<OpState> state = slot->current();
+    if (state) return serve_typed<Ret, Args...>(*state, args...);
+    return call_boxed<Ret>(slot->op.schema().name(), [slot](torch::jit::Stack* stack) { slot->call_below(stack); },
+                           args...);
+  });
 }
 
 // The signatures served typed (copy_, _to_copy, index_copy_, index_copy, index_select): the dispatcher
@@ -1281,16 +1348,16 @@ std::string signature_of(const c10::FunctionSchema& schema) {
 }
 
 // The typed kernel for the op's signature, or nothing (the boxed entry serves it).
-std::optional<torch::CppFunction> typed_for(const std::shared_ptr<OpState>& st) {
-  if (st->grad_sensitive) return std::nullopt;  // grad mode is part of those keys: the boxed entry keys it
-  const std::string type = signature_of(st->schema);
-  if (type == "Tensor!,Tensor,bool->Tensor") return typed_kernel(st, static_cast<CopyInPlace*>(nullptr));
+std::optional<torch::CppFunction> typed_for(Slot* slot, bool grad_sensitive) {
+  if (grad_sensitive) return std::nullopt;  // grad mode is part of those keys: the boxed entry keys it
+  const std::string type = signature_of(slot->op.schema());
+  if (type == "Tensor!,Tensor,bool->Tensor") return typed_kernel(slot, static_cast<CopyInPlace*>(nullptr));
   if (type == "Tensor,ScalarType?,Layout?,Device?,bool?,bool,MemoryFormat?->Tensor") {
-    return typed_kernel(st, static_cast<ToCopy*>(nullptr));
+    return typed_kernel(slot, static_cast<ToCopy*>(nullptr));
   }
-  if (type == "Tensor!,int,Tensor,Tensor->Tensor") return typed_kernel(st, static_cast<IndexCopyInPlace*>(nullptr));
-  if (type == "Tensor,int,Tensor,Tensor->Tensor") return typed_kernel(st, static_cast<IndexCopy*>(nullptr));
-  if (type == "Tensor,int,Tensor->Tensor") return typed_kernel(st, static_cast<IndexSelect*>(nullptr));
+  if (type == "Tensor!,int,Tensor,Tensor->Tensor") return typed_kernel(slot, static_cast<IndexCopyInPlace*>(nullptr));
+  if (type == "Tensor,int,Tensor,Tensor->Tensor") return typed_kernel(slot, static_cast<IndexCopy*>(nullptr));
+  if (type == "Tensor,int,Tensor->Tensor") return typed_kernel(slot, static_cast<IndexSelect*>(nullptr));
   return std::nullopt;
 }
 
@@ -1298,6 +1365,54 @@ std::optional<torch::CppFunction> typed_for(const std::shared_ptr<OpState>& st) 
 struct SilentWarnings : c10::WarningHandler {
   void process(const c10::Warning&) override {}
 };
+
+// Every slot made in this process, by "aten::name.overload@Key"; a slot is never freed (a call in flight
+// may hold it), only its registration is removed by release().
+std::mutex slots_lock;
+std::unordered_map<std::string, std::unique_ptr<Slot>> slots;
+
+// The slot of ``op`` on ``key``; a new one (or one released) captures the kernel it will cover now, before
+// anything of this registry is registered.
+Slot& slot_for(const c10::OperatorHandle& op, const std::string& full, c10::DispatchKey key,
+               const std::string& key_name) {
+  std::lock_guard<std::mutex> guard(slots_lock);
+  std::unique_ptr<Slot>& slot = slots[full + "@" + key_name];
+  if (!slot) {
+    slot.reset(new Slot{op, key, op.getComputedKernelForDispatchKey(key), nullptr, nullptr, false});
+  } else if (!slot->library) {
+    slot->below = op.getComputedKernelForDispatchKey(key);
+  }
+  return *slot;
+}
+
+// Registers a slot's kernel with the dispatcher (once: the first enable() routing the op on that key).
+void register_slot(Slot& slot, const std::string& full, bool grad_sensitive) {
+  SilentWarnings silent;  // torch warns once per override of a C++ kernel: that is the point here
+  c10::WarningUtils::WarningHandlerGuard guard(&silent);
+  auto lib = std::make_unique<torch::Library>(torch::Library::IMPL, "aten", slot.key, __FILE__, __LINE__);
+  bool typed = false;
+  if (auto kernel = typed_for(&slot, grad_sensitive)) {
+    try {
+      lib->impl(full.c_str(), std::move(*kernel));
+      typed = true;
+    } catch (const c10::Error&) {  // a schema or C++ signature the dispatcher does not take: boxed
+    }
+  }
+  if (!typed) lib->impl(full.c_str(), torch::CppFunction::makeFromBoxedFunctor(std::make_unique<Entry>(&slot)));
+  slot.typed = typed;
+  slot.library = std::move(lib);
+}
+
+// Removes every registration of every slot (``flaggems.release()``): the dispatcher's own kernels serve again.
+// Unlike disable(), this changes the dispatcher's tables: no other thread may be calling torch ops.
+void release_slots() {
+  std::lock_guard<std::mutex> guard(slots_lock);
+  for (auto& [name, slot] : slots) {
+    std::atomic_store_explicit(&slot->state, std::shared_ptr<OpState>(), std::memory_order_release);
+    slot->library.reset();
+    slot->typed = false;
+  }
+}
 
 class Registry {
  public:
@@ -1307,39 +1422,33 @@ class Registry {
     TORCH_CHECK(capacity > 0 && free_misses >= 0 && retry_every > 0, "flaggems: bad plan budget");
     const auto key = c10::parseDispatchKey(key_name);
     auto handle = c10::Dispatcher::singleton().findSchemaOrThrow(name.c_str(), overload.c_str());
-    auto native = handle.getComputedKernelForDispatchKey(key);
     const bool grad = key_name.rfind("Autograd", 0) == 0;
     const std::string full = overload.empty() ? name : name + "." + overload;
-    auto state = std::make_shared<OpState>(full, handle, native, key, std::move(entry), std::move(planner), grad,
+    Slot& slot = slot_for(handle, full, key, key_name);
+    auto state = std::make_shared<OpState>(full, handle, slot.below, key, std::move(entry), std::move(planner), grad,
                                            PlanBudget{capacity, free_misses, retry_every}, backwards_);
-    pending_.push_back({state, key});
+    pending_.push_back({state, &slot});
     states_[full + "@" + key_name] = state;
   }
 
+  // Points every slot of this registry at its state (registering the slots new to the dispatcher).
   void register_all() {
-    SilentWarnings silent;  // torch warns once per override of a C++ kernel: that is the point here
-    c10::WarningUtils::WarningHandlerGuard guard(&silent);
-    for (auto& [state, key] : pending_) {
-      auto lib = std::make_unique<torch::Library>(torch::Library::IMPL, "aten", key, __FILE__, __LINE__);
-      bool typed = false;
-      if (auto kernel = typed_for(state)) {
-        try {
-          lib->impl(state->name.c_str(), std::move(*kernel));
-          typed = true;
-        } catch (const c10::Error&) {  // a schema or C++ signature the dispatcher does not take: boxed
-        }
-      }
-      if (!typed) {
-        lib->impl(state->name.c_str(), torch::CppFunction::makeFromBoxedFunctor(std::make_unique<Entry>(state)));
-      }
-      state->typed = typed;
-      libraries_.push_back(std::move(lib));
+    for (auto& [state, slot] : pending_) {
+      if (!slot->library) register_slot(*slot, state->name, state->grad_sensitive);
+      state->typed = slot->typed;
+      std::atomic_store_explicit(&slot->state, state, std::memory_order_release);
+      active_.emplace_back(slot, state);
     }
     pending_.clear();
   }
 
+  // Switches this registry's slots off (those still pointing at its states): the kernels they cover serve.
   void unregister_all() {
-    libraries_.clear();
+    for (auto& [slot, state] : active_) {
+      std::shared_ptr<OpState> expected = state;
+      std::atomic_compare_exchange_strong(&slot->state, &expected, std::shared_ptr<OpState>());
+    }
+    active_.clear();
     pending_.clear();
   }
 
@@ -1381,6 +1490,7 @@ class Registry {
       row["unplanned"] = s.unplanned.load();
       row["typed"] = state->typed;
       row["typed_replay"] = s.typed.load();
+      row["unservable"] = s.unservable.load();
       if (s.profiled.load() > 0) {
         py::dict phases;
         const double calls = static_cast<double>(s.profiled.load());
@@ -1400,8 +1510,8 @@ class Registry {
   ~Registry() { unregister_all(); }
 
  private:
-  std::vector<std::pair<std::shared_ptr<OpState>, c10::DispatchKey>> pending_;
-  std::vector<std::unique_ptr<torch::Library>> libraries_;
+  std::vector<std::pair<std::shared_ptr<OpState>, Slot*>> pending_;
+  std::vector<std::pair<Slot*, std::shared_ptr<OpState>>> active_;
   std::unordered_map<std::string, std::shared_ptr<OpState>> states_;
   std::shared_ptr<BackwardOps> backwards_ = std::make_shared<BackwardOps>();
 };
@@ -1420,6 +1530,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def("stats", &Registry::stats);
   m.def("set_profiling", [](bool on) { profiling.store(on); },
         "Time the phases of replayed calls (key, lookup, alloc, launch, finish) into stats()['phases'].");
+  m.def("release", &release_slots,
+        "Remove every registration from the dispatcher (unsafe while other threads call torch ops).");
   m.def("native_enter", [] { ++native_depth; });
   m.def("native_exit", [] { --native_depth; });
   m.def("driver", [] { return py::make_tuple(driver().launch != nullptr, driver().reason); });

@@ -1,0 +1,85 @@
+"""Enabling and disabling while other threads call routed ops (issue: a toggling thread crashed the process).
+
+Each run is a fresh process: a crash in the dispatcher must fail the test, not end the test session.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+STRESS = r"""
+import sys, threading, time
+import torch
+import flaggems
+from flaggems.binding import native_scope
+
+flaggems.enable()
+stop = threading.Event()
+errors, calls = [], [0]
+
+def work(seed):
+    gen = torch.Generator().manual_seed(seed)
+    index = torch.tensor([3, 0, 2])
+    while not stop.is_set():
+        x = torch.randn(4, 8, generator=gen)
+        try:
+            out = torch.empty(4, 8)
+            out.copy_(x)
+            picked = x.index_select(0, index)
+            half = x.to(torch.float16)
+            with native_scope():
+                want = (x.clone(), x.index_select(0, index), x.to(torch.float16))
+            if not (torch.equal(out, want[0]) and torch.equal(picked, want[1]) and torch.equal(half, want[2])):
+                errors.append("wrong result")
+            calls[0] += 1
+        except Exception as exc:  # noqa: BLE001 - every error is a failure of the test
+            errors.append(f"{type(exc).__name__}: {exc}")
+
+threads = [threading.Thread(target=work, args=(i,)) for i in range(6)]
+for t in threads:
+    t.start()
+deadline = time.monotonic() + float(sys.argv[1])
+toggles = 0
+while time.monotonic() < deadline:
+    flaggems.disable()
+    time.sleep(0.005)
+    flaggems.enable()
+    toggles += 1
+stop.set()
+for t in threads:
+    t.join()
+flaggems.release()
+x = torch.randn(5)
+assert torch.equal(x.to(torch.float16), x.half())
+print("toggles", toggles, "calls", calls[0], "errors", len(errors), errors[:3])
+print("ok" if not errors and calls[0] > 0 and toggles > 10 else "failed")
+"""
+
+
+@pytest.mark.parametrize("entry", ["auto", "python"])
+def test_toggling_under_running_calls_neither_crashes_nor_errs(entry, monkeypatch):
+    monkeypatch.setenv("FLAGGEMS_ENTRY", entry)
+    done = subprocess.run([sys.executable, "-c", STRESS, "4"], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, f"exit {done.returncode}: {done.stdout[-2000:]} {done.stderr[-3000:]}"
+    assert done.stdout.strip().endswith("ok"), done.stdout[-2000:]
+
+
+def test_disable_keeps_registrations_and_release_removes_them():
+    import torch
+
+    import flaggems
+    from flaggems.binding import _PY_SLOTS, NativeKernel
+
+    flaggems.enable()
+    flaggems.disable()
+    native = NativeKernel.capture("index_select", flaggems.backend().dispatch_key)
+    x = torch.randn(6, 3)
+    assert torch.equal(x.index_select(0, torch.tensor([5, 1])), native(x, 0, torch.tensor([5, 1])))
+    flaggems.release()
+    assert not _PY_SLOTS
+    flaggems.enable()
+    assert torch.equal(x.index_select(0, torch.tensor([5, 1])), x[[5, 1]])
+    flaggems.disable()
