@@ -276,7 +276,7 @@ def test_kernels_compile_for_sm90():
                                                                   FUSED=fused, BLOCK_J=16 if fused else 1, **tile))
                 assert "ld.global.v4" in ptx.asm["ptx"], "contiguous loads did not vectorise"
             build(gn._stats_kernel, {"x": "*fp32", "ws": "*fp32"}, dict(X_UNIT=2, **cl))
-            build(gn._finalize_kernel, {"ws": "*fp64", "mean_out": "*fp64", "rstd_out": "*fp64"},
+            build(gn._finalize_kernel, {"x": "*fp64", "ws": "*fp64", "mean_out": "*fp64", "rstd_out": "*fp64"},
                   dict(BLOCK_G=64, BLOCK_J=16, INT64=int64, F64=True))
             build(gn._bwd_reduce_kernel, {"dy": "*fp16", "x": "*fp16", "mean": "*fp16", "ws": "*fp32"},
                   dict(DY_UNIT=2, X_UNIT=0, **cl))
@@ -337,3 +337,99 @@ def test_strided_weight_backward_matches_an_independent_float64_reference():
     actual = gn.native_group_norm_backward(dy, x.detach(), mean, rstd, w.detach(), N, C, H * W, G, [True] * 3)
     for a, e in zip(actual, expected, strict=True):
         torch.testing.assert_close(a, e, rtol=1e-12, atol=1e-12)
+
+
+# --------------------------------------------------------------------------- accuracy (issue 38)
+def _max_error(actual, exact):
+    return (actual.double() - exact).abs().max().item()
+
+
+@pytest.fixture(params=["default-tiles", "long-lanes", "split-chunks"])
+def tiling(request, monkeypatch):
+    """Default tiles (one element per lane on these shapes); 32-element tiles in one chunk (lanes of 2-32
+    elements); 16-element tiles split over chunks of 2 tiles (channels_last: 32 chunks, merged by step 2)."""
+    if request.param != "default-tiles":
+        tile = 32 if request.param == "long-lanes" else 16
+        set_kernel_context(monkeypatch, tuning=lambda key: {"tile": tile} if key == "group_norm" else {})
+        monkeypatch.setitem(gn.DEFAULT_TARGET, DEV.type, 1 if request.param == "long-lanes" else 64)
+    monkeypatch.setattr(gn, "_FORWARD_PLANS", {})
+    gn._target_programs.cache_clear()
+    yield request.param
+    gn._target_programs.cache_clear()
+
+
+def _against_float64(x, group, weight, bias):
+    """Max error against float64 of ``(y, mean, rstd)``: flaggems' kernels (``group_norm``'s way) and torch's."""
+    N, C = x.shape[:2]
+    HxW = x[0, 0].numel()
+    ours = gn.native_group_norm(x, weight, bias, N, C, HxW, group, 1e-5, dense_only=False)
+    with native_scope():
+        exact = A.native_group_norm(x.double().contiguous(), weight.double(), bias.double(), N, C, HxW, group, 1e-5)
+        theirs = A.native_group_norm(x.contiguous(), weight, bias, N, C, HxW, group, 1e-5)
+    errors = []
+    for y, mean, rstd in (ours, theirs):
+        errors.append((_max_error(y, exact[0]), _max_error(mean, exact[1]), _max_error(rstd / exact[2], 1.0)))
+    return errors
+
+
+@pytest.mark.parametrize("fmt", [torch.contiguous_format, torch.channels_last], ids=["contiguous", "channels-last"])
+@pytest.mark.parametrize("shape,group", [((2, 12, 7, 9), 4), ((2, 16, 4, 8), 4)], ids=["D3-S63", "D4-S32"])
+def test_offset_input_against_float64(tiling, fmt, shape, group):
+    """fp32 ``1e4 + randn``: no worse than torch against float64 (~4e-7 here, torch's CPU kernel ~1e-3).
+
+    ``x * a + (b - mean * a)`` rounds two 1e4-sized terms (1.6e-3); ``(x - mean_hi - mean_lo) * a + b`` does not.
+    """
+    torch.manual_seed(0)
+    x = (1e4 + torch.randn(shape, device=DEV)).contiguous(memory_format=fmt)
+    w, b = torch.randn(shape[1], device=DEV), torch.randn(shape[1], device=DEV)
+    (y, mean, rstd), (their_y, their_mean, their_rstd) = _against_float64(x, group, w, b)
+    assert y <= max(1.25 * their_y, 1e-5)
+    assert mean <= max(1.25 * their_mean, 2.0**-24 * 1e4)  # half an ulp of 1e4
+    assert rstd <= max(1.25 * their_rstd, 1e-6)
+
+
+def test_offset_input_through_f_group_norm(dispatch_log):
+    """The issue's call: ``F.group_norm`` with flaggems enabled on a channels_last ``1e4 + randn``."""
+    torch.manual_seed(0)
+    x = (1e4 + torch.randn(2, 12, 7, 9, device=DEV)).contiguous(memory_format=torch.channels_last)
+    y = F.group_norm(x, 4)
+    assert "group_norm -> generic" in ran(dispatch_log)
+    with native_scope():
+        exact, theirs = F.group_norm(x.double(), 4), F.group_norm(x, 4)
+    assert _max_error(y, exact) <= max(1.25 * _max_error(theirs, exact), 1e-5)
+
+
+@pytest.mark.parametrize("fmt", [torch.contiguous_format, torch.channels_last], ids=["contiguous", "channels-last"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.filterwarnings("ignore:overflow encountered:RuntimeWarning")  # the interpreter's unscaled variance
+def test_huge_values_are_finite_and_accurate(tiling, fmt, dtype):
+    """``randn * 1e20``: the squares (~1e40) pass fp32's range; scaled by the group's first element's exponent
+    they do not (unscaled: NaN, as torch's CPU kernel returns)."""
+    torch.manual_seed(0)
+    N, C, G, H, W = 1, 6, 2, 4, 5
+    x = (torch.randn(N, C, H, W, device=DEV) * 1e20).to(dtype).contiguous(memory_format=fmt)
+    w, b = torch.randn(C, device=DEV), torch.randn(C, device=DEV)
+    y, mean, rstd = gn.native_group_norm(x, w.to(dtype), b.to(dtype), N, C, H * W, G, 1e-5)
+    with native_scope():
+        exact, exact_mean, exact_rstd = A.native_group_norm(x.double().contiguous(), w.to(dtype).double(),
+                                                            b.to(dtype).double(), N, C, H * W, G, 1e-5)
+    assert torch.isfinite(exact).all() and torch.isfinite(y).all()
+    assert_close(y, exact, ulps=4 if dtype == torch.bfloat16 else 64)  # bf16: the interpreter truncates
+    assert_close(mean / 1e20, exact_mean / 1e20, ulps=4 if dtype == torch.bfloat16 else 64)
+    assert_close(rstd * 1e20, exact_rstd * 1e20, ulps=4 if dtype == torch.bfloat16 else 64)
+
+
+@pytest.mark.filterwarnings("ignore:overflow encountered:RuntimeWarning")
+def test_huge_values_after_a_zero_are_not_nan():
+    """A group whose first element is 0 (no scale) and whose others are ~1e20: its variance overflows fp32;
+    ``rstd = 0`` then (``y = bias``), never NaN. The other groups stay accurate."""
+    torch.manual_seed(0)
+    x = torch.randn(2, 6, 4, 4, device=DEV) * 1e20
+    x[:, ::3, 0, 0] = 0.0  # the first element of every group (D = 3)
+    x[1, 3, 0, 0] = 1e20  # ... but one
+    b = torch.randn(6, device=DEV)
+    y, mean, rstd = gn.native_group_norm(x, None, b, 2, 6, 16, 2, 1e-5)
+    assert torch.isfinite(y).all() and torch.isfinite(mean).all() and torch.isfinite(rstd).all()
+    with native_scope():
+        exact = A.native_group_norm(x.double(), None, b.double(), 2, 6, 16, 2, 1e-5)[0]
+    assert_close(y[1, 3:], exact[1, 3:], ulps=64)
