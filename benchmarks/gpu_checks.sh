@@ -4,7 +4,8 @@
 #   bash benchmarks/gpu_checks.sh [pytest selection...]
 # Writes logs and JSON under $OUT (or ./gpu-out). stevedore comes from .whl/.
 # STEPS picks what runs (default "tests hot_path bench"; also "small" (benchmarks/small_calls.py),
-# "models" (flaggems bench --models), "probe" (benchmarks/probe.py) and "vendors": each vendor's tests and
+# "models" (flaggems bench --models), "probe" (benchmarks/probe.py), "kit" (the randomized conformance kit,
+# KIT_CASES per op, generic and each vendor simulated) and "vendors": each vendor's tests and
 # conformance kit simulated on this GPU, and its bench rows against the generic route or tuning).
 set -uo pipefail
 out=${OUT:-gpu-out}; mkdir -p "$out"
@@ -41,6 +42,15 @@ done
 FLAGGEMS_VENDOR=hygon timeout 120 python3 benchmarks/probe.py --only repeat_kernels --json "$out/probe_hygon.json" \
   >>"$out/vendors_bench.log" 2>&1
 echo "hygon probe exit $?"; grep -E "speedup|geomean|repeat kernels" "$out/vendors_bench.log" | tail -40
+fi
+if [[ $steps == *" kit "* ]]; then
+echo "== randomized conformance kit (KIT_CASES per op and implementation, direct and compiled entry)"
+for v in ${KIT_VENDORS:-generic ascend kunlunxin hygon}; do
+  vendor=$v; [[ $v == generic ]] && vendor=""
+  FLAGGEMS_VENDOR=$vendor FLAGGEMS_CHECK_INDICES=1 timeout ${KIT_TIMEOUT:-150} python3 -m flaggems kit \
+    --cases ${KIT_CASES:-10000} --entry compiled --seconds ${KIT_SECONDS:-20} ${KIT_ARGS:-} >"$out/kit_$v.log" 2>&1
+  echo "$v kit exit $?"; grep -E "passed|warning|FAILED" "$out/kit_$v.log" | tail -40
+done
 fi
 if [[ $steps == *" probe "* ]]; then
 echo "== probe"

@@ -164,9 +164,20 @@ class NativeKernel:
 _NATIVES: dict[tuple[str, str], NativeKernel] = {}
 
 
+def namespace_of(op: str) -> tuple[str, str]:
+    """``("aten", "copy_")`` for ``"copy_"``; ``("flaggems", "rms_norm")`` for ``"flaggems::rms_norm"``."""
+    namespace, sep, name = op.partition("::")
+    return (namespace, name) if sep else ("aten", op)
+
+
 def _overload(op: str) -> torch._ops.OpOverload:
-    name, _, overload = op.partition(".")
-    packet = getattr(torch.ops.aten, name)
+    namespace, qualified = namespace_of(op)
+    if namespace == "flaggems":
+        from . import ops
+
+        ops.define()
+    name, _, overload = qualified.partition(".")
+    packet = getattr(getattr(torch.ops, namespace), name)
     return getattr(packet, overload or "default")
 
 
@@ -246,10 +257,10 @@ def unservable(args: Sequence[Any], kwargs: dict[str, Any] | None = None) -> str
     memory: the negative or conjugate bit (``torch._neg_view``, ``c.conj().imag``), a zero tensor, a Python
     subclass (the fake tensors torch.compile traces with, wrapper subclasses), a functorch wrapper (vmap,
     grad, jvp), a functionalized, sparse or nested tensor, or one carrying a forward-AD tangent. Such calls go
-    to torch's kernel. Below an Autograd key torch's own fallbacks resolve these before a routed kernel runs
-    (all but ``copy_``, whose front reads the bits); on an Autograd key (CompositeImplicitAutograd ops such
-    as ``repeat_interleave`` and ``group_norm``) they arrive as they are. The compiled entry makes the same
-    check in C++; the Python entry makes it on Autograd keys; the conformance kit before each direct call.
+    to torch's kernel. On an Autograd key (CompositeImplicitAutograd ops such as ``repeat_interleave`` and
+    ``group_norm``) all of them arrive as they are; below it torch's fallbacks resolve most, but not the
+    negative bit for every op (``copy_``, ``repeat_interleave.Tensor``'s ``repeats``). The compiled entry
+    makes the same check in C++; the Python entry here; the conformance kit before each direct call.
     """
     for value in (*args, *(kwargs or {}).values()):
         if isinstance(value, torch.Tensor):
@@ -288,8 +299,9 @@ def build_entry(op: str, chain: Sequence[ResolvedLink], native: NativeKernel,
     The fast variant (one implementation, no ``supports``, no logging) costs a
     thread-ident lookup, a set add/discard and a ``try``; see the README.
     ``gate``: the entry first sends calls :func:`unservable` names to the
-    native kernel (on Autograd keys; ~0.8 µs a tensor on the CI host, where
-    below them torch's fallbacks have resolved such tensors already).
+    native kernel (~0.8 µs a tensor on the CI host; the compiled entry makes
+    the same check in C++ at no measurable cost and builds its Python entry
+    without it).
     """
     busy: set[int] = set()  # threads currently inside this op's implementation
     check = unservable if gate else None
@@ -447,7 +459,7 @@ class _PySlot:
             serve = self.serve
             return below(*args, **kwargs) if serve is None else serve(*args, **kwargs)
 
-        self.library = torch.library.Library("aten", "IMPL")
+        self.library = torch.library.Library(namespace_of(op)[0], "IMPL")
         with warnings.catch_warnings():
             # torch warns once when overriding a C++ kernel: that is the point here.
             warnings.simplefilter("ignore", UserWarning)
@@ -513,16 +525,16 @@ class Binding:
             chain = resolve_chain(route)
             for key in self._keys_for(op):
                 native = NativeKernel.capture(op, key)
-                gate = key.startswith("Autograd")
-                prepared.append((op, key, chain, build_entry(op, chain, native, channels, gate), native))
+                prepared.append((op, key, chain, build_entry(op, chain, native, channels, gate=True), native))
         use_compiled = compiled_entry is not None and not channels
         if use_compiled:
             registry = compiled_entry.Registry()
             for op, key, chain, _, native in prepared:
-                name, _, overload = op.partition(".")
+                namespace, qualified = namespace_of(op)
+                name, _, overload = qualified.partition(".")
                 # The compiled entry checks unservable calls in C++ before its Python entry is reached.
                 entry = build_entry(op, chain, native, frozenset())
-                registry.add(f"aten::{name}", overload, key, entry,
+                registry.add(f"{namespace}::{name}", overload, key, entry,
                              build_planner(chain, native, goes_native_test(native), op), PLAN_CAPACITY,
                              PLAN_FREE_MISSES, PLAN_RETRY_EVERY)
             registry.register_all()

@@ -1,4 +1,4 @@
-"""Command line: ``flaggems info | routes | env`` (also ``python -m flaggems``)."""
+"""Command line: ``flaggems info | routes | env | kit`` (also ``python -m flaggems``)."""
 
 from __future__ import annotations
 
@@ -87,10 +87,41 @@ def cmd_env(args: argparse.Namespace) -> int:
     return 0
 
 
+KIT_ENTRIES = {"both": ("compiled", "python"), "compiled": ("compiled",), "python": ("python",)}
+
+
+def _print_tally(tally: Any) -> None:
+    notes = "".join(f"\n    note: {note}" for note in tally.notes)
+    print(f"  {tally.op:<30} {tally.impl:<12} {tally.mode:<9} passed {tally.passed:>5}  declined "
+          f"{tally.declined:>5}  failed {tally.failed:>5}  ({tally.cpu_s:.1f} s CPU){notes}", flush=True)
+
+
+def cmd_kit(args: argparse.Namespace) -> int:
+    """Run the randomized conformance kit: every implementation against native torch (exit 1 on a failure)."""
+    from .testing import random_cases
+
+    modes = ("direct", *KIT_ENTRIES[args.entry])
+    print(f"flaggems kit: seed {args.seed}, device {random_cases.device()}, modes {', '.join(modes)}")
+    tallies = random_cases.run_kit(args.cases, args.op, args.seed, modes, args.impl, progress=_print_tally,
+                                   seconds=args.seconds)
+    if not tallies:
+        print("no implementation matches (see flaggems routes)", file=sys.stderr)
+        return 1
+    for op in random_cases.idle_ops(tallies):
+        print(f"warning: {op}: no implementation ran any case (all declined or none built)")
+    failures = [text for tally in tallies for text in tally.failures]
+    for text in failures[: args.show]:
+        print("FAILED " + text)
+    failed = sum(tally.failed for tally in tallies)
+    print(f"{sum(t.passed for t in tallies)} passed, {sum(t.declined for t in tallies)} declined, {failed} failed")
+    return 1 if failed else 0
+
+
 COMMANDS: dict[str, tuple[Callable[[argparse.Namespace], int], str]] = {
     "info": (cmd_info, "backend, probes and plugins"),
     "routes": (cmd_routes, "operator routes and why"),
     "env": (cmd_env, "environment variables flaggems reads"),
+    "kit": (cmd_kit, "randomized conformance kit: every implementation against native torch"),
 }
 
 
@@ -114,8 +145,32 @@ def build_parser() -> argparse.ArgumentParser:
             cmd.add_argument("--op", help="only this operator (e.g. copy_ or repeat_interleave.Tensor)")
         if name == "env":
             cmd.add_argument("--markdown", action="store_true", help="print the README table")
+        if name == "kit":
+            _add_kit_arguments(cmd)
     _add_extra_commands(sub)
     return parser
+
+
+def _positive(text: str) -> int:
+    """argparse type: an integer >= 1."""
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text}: expected a positive integer")
+    return value
+
+
+def _add_kit_arguments(cmd: argparse.ArgumentParser) -> None:
+    """Options of ``flaggems kit``."""
+    cmd.add_argument("--cases", type=_positive, default=None,
+                     help="random cases per op and implementation (default: FLAGGEMS_KIT_CASES)")
+    cmd.add_argument("--op", action="extend", nargs="+", default=None, help="only these ops")
+    cmd.add_argument("--seed", type=int, default=0, help="seed of the run (each case's seed derives from it)")
+    cmd.add_argument("--entry", choices=tuple(KIT_ENTRIES), default="both",
+                     help="dispatcher entries to run the cases through, besides calling each implementation")
+    cmd.add_argument("--impl", default=None, help="only this implementation label (e.g. generic, ascend)")
+    cmd.add_argument("--show", type=int, default=10, help="failures to print in full")
+    cmd.add_argument("--seconds", type=float, default=None,
+                     help="wall-time budget per op, implementation and mode (a long run reports what it reached)")
 
 
 def _add_extra_commands(sub: Any) -> None:

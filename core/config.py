@@ -74,6 +74,16 @@ class EnvVar:
         return self.parse(self.name, text)
 
 
+def _parse_positive_int(name: str, text: str) -> int:
+    try:
+        value = int(text.strip())
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise ValueError(f"{name}={text!r}: expected a positive integer")
+    return value
+
+
 LOG_CHANNELS = ("dispatch", "fallback", "plugins")
 FORCE_CHOICES = ("generic", "vendor", "native")
 ENTRY_CHOICES = ("auto", "compiled", "python")
@@ -118,6 +128,9 @@ REGISTRY: dict[str, EnvVar] = {
                "Let a kernel that reads the previous kernel's output start while that one finishes "
                "(programmatic dependent launch: NVIDIA compute capability 9.0+, e.g. repeat_interleave's "
                "expand after its scan). 0: plain stream order.", parse_bool),
+        EnvVar("FLAGGEMS_KIT_CASES", "int", 60,
+               "Random cases per op and implementation of the randomized conformance kit (flaggems kit, "
+               "tests/test_conformance_random.py).", _parse_positive_int),
     )
 }
 
@@ -148,11 +161,26 @@ def validate(environ: Mapping[str, str] | None = None) -> None:
         raise ValueError(f"FLAGGEMS_LOG: unknown channel(s) {unknown}; known: {', '.join(LOG_CHANNELS)}")
 
 
+#: ``FLAGGEMS_OP_flaggems__rms_norm`` names flaggems' own ``flaggems::rms_norm`` (``::`` spelled ``__`` too).
+OWN_OPS_PREFIX = "flaggems__"
+
+
+def op_env_name(op: str) -> str:
+    """The ``FLAGGEMS_OP_<op>`` variable of ``op`` (``.`` and ``::`` spelled ``__``)."""
+    return OP_PREFIX + op.replace("::", "__").replace(".", "__")
+
+
+def _op_of(suffix: str) -> str:
+    if suffix.startswith(OWN_OPS_PREFIX):
+        return "flaggems::" + suffix[len(OWN_OPS_PREFIX):].replace("__", ".")
+    return suffix.replace("__", ".")
+
+
 def op_overrides(environ: Mapping[str, str] | None = None) -> dict[str, str]:
-    """Return ``{op: route}`` from ``FLAGGEMS_OP_<op>`` variables (``__`` means ``.``)."""
+    """Return ``{op: route}`` from ``FLAGGEMS_OP_<op>`` variables (``__`` means ``.``, or ``::`` after ``flaggems``)."""
     env = os.environ if environ is None else environ
     return {
-        key[len(OP_PREFIX):].replace("__", "."): value.strip()
+        _op_of(key[len(OP_PREFIX):]): value.strip()
         for key, value in env.items()
         if key.startswith(OP_PREFIX) and len(key) > len(OP_PREFIX)
     }

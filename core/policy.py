@@ -200,7 +200,7 @@ class Overrides:
 
     def _lower_value(self, op: str) -> tuple[str, str] | None:
         if op in self.per_op_env:
-            env_name = config.OP_PREFIX + op.replace(".", "__")
+            env_name = config.op_env_name(op)
             return self.per_op_env[op], f"{env_name}={self.per_op_env[op]}"
         if op in self.routes_file:
             return self.routes_file[op], f"routes file {self.routes_path}"

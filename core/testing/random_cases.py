@@ -1,0 +1,533 @@
+"""The randomized, differential conformance kit.
+
+For every routed op and every installed implementation (as :func:`flaggems.testing.collect`
+enumerates them, vendor chains included) it runs seeded random cases and compares each
+with native torch: values, shape, dtype, strides, every input after the call, the whole
+buffers behind the inputs (nothing outside a destination written) and error types.
+
+Cases come from two sources, alternating by seed:
+
+* **relayout** (every op, plugin-added ones included): a registered :class:`~flaggems.testing.Case`,
+  built with a varied seed, each tensor argument re-laid out with the same values
+  (:mod:`flaggems.testing._layouts`: strided/offset views into poisoned buffers,
+  permuted storage orders, channels_last, negative views, stride-0 dimensions);
+* **generated** (the generic plugin's ops): :mod:`flaggems.testing._generators`.
+
+Each case runs through three *modes*: ``direct`` (the implementation's function,
+after the central gate :func:`flaggems.binding.unservable` and its ``supports``),
+and ``compiled`` / ``python``: the dispatcher (``torch.ops.aten...``) with flaggems
+enabled for that op alone, routed to that implementation alone
+(``FLAGGEMS_OP_<op>=<label>`` and ``enable(include=[op])``) under that entry,
+called twice with one layout and two sets of values (the first call plans, the
+second replays). Native results are computed inside
+:func:`flaggems.binding.native_scope`.
+
+Run it with ``flaggems kit`` or :func:`run_kit`; ``FLAGGEMS_KIT_CASES`` sets the
+number of cases per op and implementation.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import os
+import random
+import time
+import zlib
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from . import DEVICE_ASSERT, NATIVE_CONTIGUOUS_ON_GPU, Case, Declined, assert_same, cases_for, device
+from ._generators import GENERATORS
+from ._layouts import Built, relayout, written_arguments
+
+#: Modes a case runs through: the implementation's function, then the dispatcher under each entry.
+MODES = ("direct", "compiled", "python")
+GENERATED = "generated"
+
+#: Ops whose native kernel computes the expected values from contiguous copies, on every device. torch
+#: calls these kernels only from its composites, with contiguous (or matching channels_last) tensors, and
+#: its CPU kernels assume that: ``native_group_norm`` raises for a strided input and reads a strided weight
+#: or bias wrongly; ``native_group_norm_backward`` returns wrong gradients (or crashes) for any other
+#: layout, e.g. a channels_last input with a contiguous grad_out (see :mod:`flaggems.testing.cases.group_norm`).
+#: flaggems' kernels read every layout in place, so their values are checked against the contiguous answer;
+#: through the dispatcher a call they decline reaches torch's kernel, so there only layouts it takes are
+#: sent where the implementation would decline (:func:`native_takes`).
+NATIVE_FROM_CONTIGUOUS = frozenset({"native_group_norm", "native_group_norm_backward"})
+
+
+@dataclass(frozen=True)
+class Target:
+    """One installed implementation of one op."""
+
+    op: str
+    label: str
+    fn: Callable[..., Any]
+    supports: Callable[..., Any] | None
+
+    def __str__(self) -> str:
+        return f"{self.op}[{self.label}]"
+
+
+def targets(ops: list[str] | None = None, impl: str | None = None) -> list[Target]:
+    """Every (op, installed implementation) for the active backend, as :func:`~flaggems.testing.collect` sees
+    them (the backend's dtype limits included)."""
+    from ..binding import dtype_gate
+    from ..policy import default_links, normalize_op
+    from ..runtime import RUNTIME
+    from ..types import resolve_callable
+
+    wanted = None if ops is None else {normalize_op(op) for op in ops}
+    active = RUNTIME.active_backend()
+    banned = frozenset(getattr(torch, name) for name in active.backend.unsupported_dtypes)
+    found = []
+    for op, chain in sorted(default_links(RUNTIME.implementations(), active).items()):
+        for link in chain:
+            if (wanted is not None and op not in wanted) or impl not in (None, link.label):
+                continue
+            supports = None if link.impl.supports is None else resolve_callable(link.impl.supports)
+            if banned:
+                supports = dtype_gate(banned, active.name, supports)
+            found.append(Target(op, link.label, resolve_callable(link.impl.fn), supports))
+    return found
+
+
+@dataclass(frozen=True)
+class RandomCase:
+    """One random case of an op: a seed and its source (``generated`` or a registered case's name)."""
+
+    op: str
+    index: int
+    seed: int
+    source: str
+
+
+@dataclass
+class Prepared:
+    """One side's built inputs and the tolerances that hold for them."""
+
+    built: Built
+    case: Case
+    kind: str
+
+
+def case_seed(seed: int, op: str, index: int) -> int:
+    """The seed of case ``index`` of ``op`` in the run seeded ``seed``."""
+    return zlib.crc32(f"{seed}/{op}/{index}".encode())
+
+
+#: Under Triton's interpreter, registered cases with more tensor elements than this are not re-laid out
+#: (the fixed-list kit runs them as written; a GPU run re-lays them out too).
+INTERPRETED_MAX_NUMEL = 1 << 15
+_NUMEL: dict[tuple[str, str], int] = {}
+
+
+def case_numel(op: str, case: Case) -> int:
+    """Tensor elements of a registered case's inputs (built once, on the CPU)."""
+    key = (op, case.name)
+    if key not in _NUMEL:
+        from ..binding import native_scope
+
+        with native_scope():
+            args, kwargs = case.make(torch.device("cpu"))
+        _NUMEL[key] = sum(v.numel() for v in (*args, *kwargs.values()) if isinstance(v, torch.Tensor))
+    return _NUMEL[key]
+
+
+def relayout_pool(op: str) -> list[Case]:
+    """The registered cases of ``op`` the kit re-lays out (small ones only under the interpreter)."""
+    from . import _interpreted
+
+    hand = cases_for(op)
+    return hand if not _interpreted() else [c for c in hand if case_numel(op, c) <= INTERPRETED_MAX_NUMEL]
+
+
+def random_cases(op: str, count: int, seed: int = 0) -> list[RandomCase]:
+    """``count`` cases of ``op``: generated and re-laid-out registered ones, about half each."""
+    hand = relayout_pool(op)
+    if op not in GENERATORS and not hand:
+        return []
+    out = []
+    for index in range(count):
+        s = case_seed(seed, op, index)
+        pick = random.Random(s ^ 0x5EED)
+        if op in GENERATORS and (not hand or pick.random() < 0.5):
+            out.append(RandomCase(op, index, s, GENERATED))
+        else:
+            out.append(RandomCase(op, index, s, hand[pick.randrange(len(hand))].name))
+    return out
+
+
+def build(rc: RandomCase, dev: torch.device, values_seed: int) -> Prepared:
+    """Build one side's inputs: the layout from ``rc.seed``, the values from ``values_seed``."""
+    from ..binding import native_scope
+
+    rng = random.Random(rc.seed)
+    torch.manual_seed(values_seed)
+    with native_scope():
+        if rc.source == GENERATED:
+            gen = GENERATORS[rc.op](rng, dev)
+            case = Case(f"{GENERATED}:{gen.kind}", _no_make, ulps=gen.ulps, check_strides=gen.check_strides,
+                        tags=gen.tags)
+            args, kwargs, fixed, kind = gen.args, gen.kwargs, gen.fixed, gen.kind
+        else:
+            case = next(c for c in cases_for(rc.op) if c.name == rc.source)
+            (args, kwargs), fixed, kind = case.make(dev), frozenset(), case.name
+        built = relayout(tuple(args), dict(kwargs), rng, written_arguments(rc.op), fixed)
+    return Prepared(built, case, kind)
+
+
+def _no_make(dev: torch.device) -> Any:
+    raise NotImplementedError("a generated case is built by its generator")
+
+
+# -- native side ---------------------------------------------------------------------------------------------------
+
+@dataclass
+class Outcome:
+    """What one side did: a result, or the exception it raised."""
+
+    result: Any = None
+    error: BaseException | None = None
+
+
+def call_native(op: str, prep: Prepared, dev: torch.device) -> Outcome:
+    """Run the native kernel (``torch.ops.aten`` inside :func:`~flaggems.binding.native_scope`)."""
+    from ..binding import _overload, native_scope
+
+    args, kwargs = native_inputs(op, prep, dev)
+    if DEVICE_ASSERT in prep.case.tags and dev.type != "cpu":
+        raised = _cpu_error(op, args, kwargs)  # torch answers with a device-side assert there
+        if raised is not None:
+            return raised
+    with native_scope():
+        try:
+            return Outcome(_overload(op)(*args, **kwargs))
+        except Exception as exc:  # noqa: BLE001 - the error type is part of the contract
+            return Outcome(error=exc)
+
+
+def native_inputs(op: str, prep: Prepared, dev: torch.device) -> tuple[tuple, dict]:
+    """The native side's arguments: contiguous copies where torch's kernel needs them."""
+    args, kwargs = prep.built.args, prep.built.kwargs
+    if op in NATIVE_FROM_CONTIGUOUS or (NATIVE_CONTIGUOUS_ON_GPU in prep.case.tags and dev.type != "cpu"):
+        return tuple(_dense(a) for a in args), {k: _dense(v) for k, v in kwargs.items()}
+    return args, kwargs
+
+
+def contiguous_native(op: str, prep: Prepared, dev: torch.device) -> bool:
+    """Whether the native side read contiguous copies of inputs that were not contiguous."""
+    args, _ = native_inputs(op, prep, dev)
+    originals = [a for a in prep.built.args if isinstance(a, torch.Tensor)]
+    copies = [a for a in args if isinstance(a, torch.Tensor)]
+    return any(a is not b for a, b in zip(originals, copies))
+
+
+def native_takes(prep: Prepared) -> bool:
+    """Whether torch's kernel of a :data:`NATIVE_FROM_CONTIGUOUS` op takes these tensors as they are: all
+    contiguous, or the inputs of rank 4 (5) channels_last (3d) and the rest contiguous; no negative bit."""
+    tensors = [v for v in (*prep.built.args, *prep.built.kwargs.values()) if isinstance(v, torch.Tensor)]
+    if any(t.is_neg() or t.is_conj() for t in tensors):
+        return False
+    if all(t.is_contiguous() for t in tensors):
+        return True
+    formats = {4: torch.channels_last, 5: torch.channels_last_3d}
+    return all(t.is_contiguous(memory_format=formats[t.dim()]) if t.dim() in formats else t.is_contiguous()
+               for t in tensors)
+
+
+def _dense(value: Any) -> Any:
+    from ..binding import native_scope
+
+    if not isinstance(value, torch.Tensor) or value.is_contiguous():
+        return value
+    with native_scope():
+        return value.contiguous()
+
+
+def _cpu_error(op: str, args: tuple, kwargs: dict) -> Outcome | None:
+    """torch's CPU error for these inputs (the index checking contract's error type), or ``None``."""
+    from ..binding import _overload, native_scope
+
+    def to_cpu(v: Any) -> Any:
+        return v.cpu() if isinstance(v, torch.Tensor) else v
+
+    with native_scope():
+        try:
+            _overload(op)(*(to_cpu(a) for a in args), **{k: to_cpu(v) for k, v in kwargs.items()})
+        except Exception as exc:  # noqa: BLE001
+            return Outcome(error=exc)
+    return None
+
+
+# -- implementation side ----------------------------------------------------------------------------------------
+
+def gate(args: tuple, kwargs: dict) -> str | None:
+    """The dispatcher's central gate (:func:`flaggems.binding.unservable`) where this flaggems has it."""
+    from .. import binding
+
+    unservable = getattr(binding, "unservable", None)
+    return None if unservable is None else unservable(args, kwargs)
+
+
+def call_impl(target: Target, prep: Prepared) -> Outcome:
+    """Call the implementation's function directly (raises :class:`~flaggems.testing.Declined`)."""
+    from ..binding import Decline
+
+    args, kwargs = prep.built.args, prep.built.kwargs
+    reason = gate(args, kwargs)
+    if reason is not None:
+        raise Declined(f"unservable: {reason}")
+    if target.supports is not None:
+        verdict = target.supports(*args, **kwargs)
+        if verdict is not True:
+            raise Declined(verdict if isinstance(verdict, str) else "supports() returned False")
+    try:
+        return Outcome(target.fn(*args, **kwargs))
+    except Decline as exc:
+        raise Declined(exc.reason) from exc
+    except Exception as exc:  # noqa: BLE001
+        return Outcome(error=exc)
+
+
+def call_dispatcher(op: str, prep: Prepared) -> Outcome:
+    """Call ``torch.ops.aten.<op>`` (flaggems enabled and routed by :func:`routed`)."""
+    from ..binding import _overload
+
+    try:
+        return Outcome(_overload(op)(*prep.built.args, **prep.built.kwargs))
+    except Exception as exc:  # noqa: BLE001
+        return Outcome(error=exc)
+
+
+# -- comparison ------------------------------------------------------------------------------------------------
+
+def compare(op: str, actual: Outcome, expected: Outcome, act: Prepared, exp: Prepared, dev: torch.device) -> None:
+    """Assert both sides agree: error types, or result, arguments after the call and whole buffers."""
+    if expected.error is not None:
+        if actual.error is None:
+            raise AssertionError(f"did not raise; torch raises {type(expected.error).__name__}: {expected.error}")
+        if not isinstance(actual.error, type(expected.error)):
+            raise AssertionError(f"raised {type(actual.error).__name__} ({actual.error}); torch raises "
+                                 f"{type(expected.error).__name__} ({expected.error})") from actual.error
+        return
+    if actual.error is not None:
+        raise AssertionError(f"raised {type(actual.error).__name__}: {actual.error}; torch did not") from actual.error
+    case = exp.case
+    if contiguous_native(op, exp, dev):
+        case = dataclasses.replace(case, check_strides=False)  # torch's output layout is that of its copies
+    assert_same(actual.result, expected.result, case, "result")
+    for i, (a, e) in enumerate(zip(act.built.args, exp.built.args)):
+        assert_same(a, e, exp.case, f"argument {i} after the call")
+    for key, e in exp.built.kwargs.items():
+        assert_same(act.built.kwargs[key], e, exp.case, f"argument {key!r} after the call")
+    for i, (a, e) in enumerate(zip(act.built.buffers, exp.built.buffers)):
+        assert_same(a, e, exp.case, f"the whole buffer behind tensor argument {i} (poison outside the view)")
+
+
+def device_assert_declined(prep: Prepared, dev: torch.device) -> str | None:
+    """On a device where torch asserts, a bad-index case needs flaggems' synchronous checks."""
+    if DEVICE_ASSERT not in prep.case.tags or dev.type == "cpu":
+        return None
+    from ..toolkit import checks
+
+    return None if checks.enabled() else "needs FLAGGEMS_CHECK_INDICES=1 on this device"
+
+
+def check_direct(target: Target, rc: RandomCase, dev: torch.device) -> str:
+    """Check one case on one implementation's function: ``"passed"`` or ``"declined: ..."``; raises
+    AssertionError on a difference."""
+    exp = build(rc, dev, rc.seed)
+    act = build(rc, dev, rc.seed)
+    reason = device_assert_declined(exp, dev)
+    if reason is not None:
+        return f"declined: {reason}"
+    expected = call_native(rc.op, exp, dev)
+    try:
+        actual = call_impl(target, act)
+    except Declined as exc:
+        return f"declined: {exc}"
+    compare(rc.op, actual, expected, act, exp, dev)
+    return "passed"
+
+
+def check_dispatched(target: Target, rc: RandomCase, dev: torch.device) -> str:
+    """Check one case through the dispatcher (already routed): two calls, one layout, two sets of values."""
+    from .. import binding
+
+    if rc.op in NATIVE_FROM_CONTIGUOUS and not native_takes(build(rc, dev, rc.seed)):
+        try:
+            call_impl(target, build(rc, dev, rc.seed))
+        except Declined as exc:
+            return f"declined: {exc}; torch's kernel, which would serve it, takes no such layout"
+    before = sum(count for (op, _, _), count in binding.DECLINES.items() if op == rc.op)
+    for values_seed in (rc.seed, rc.seed + 1):
+        exp = build(rc, dev, values_seed)
+        act = build(rc, dev, values_seed)
+        reason = device_assert_declined(exp, dev)
+        if reason is not None:
+            return f"declined: {reason}"
+        expected = call_native(rc.op, exp, dev)
+        try:
+            compare(rc.op, call_dispatcher(rc.op, act), expected, act, exp, dev)
+        except AssertionError as exc:
+            call = "first (plans)" if values_seed == rc.seed else "second (replays)"
+            raise AssertionError(f"{call} call: {exc}") from exc
+    after = sum(count for (op, _, _), count in binding.DECLINES.items() if op == rc.op)
+    return "declined: the chain declined it to native (compared anyway)" if after > before else "passed"
+
+
+class Unroutable(Exception):
+    """The op cannot be routed to exactly this implementation under this entry here."""
+
+
+@contextlib.contextmanager
+def routed(op: str, label: str, entry: str) -> Iterator[None]:
+    """flaggems enabled for ``op`` alone, routed to ``label`` alone, under ``entry`` (``compiled`` or
+    ``python``); the environment, the entry decision and the previous enable state restored after."""
+    from .. import compiled, config
+    from ..runtime import RUNTIME
+
+    names = (config.op_env_name(op), "FLAGGEMS_ENTRY")
+    saved = {name: os.environ.get(name) for name in names}
+    previous = RUNTIME.enabled_with
+    os.environ.update({names[0]: label, names[1]: entry})
+    try:
+        compiled.reset()
+        RUNTIME.disable()
+        _enable_one(RUNTIME, op, label, entry)
+        yield
+    finally:
+        RUNTIME.disable()
+        for name, value in saved.items():
+            os.environ.pop(name, None) if value is None else os.environ.__setitem__(name, value)
+        compiled.reset()
+        if previous is not None:
+            RUNTIME.enable(*previous)
+
+
+def _enable_one(runtime: Any, op: str, label: str, entry: str) -> None:
+    try:
+        runtime.enable(include=[op])
+    except RuntimeError as exc:  # FLAGGEMS_ENTRY=compiled where the entry cannot be built
+        raise Unroutable(f"the {entry} entry is unavailable: {exc}") from exc
+    chain = [link.label for link in runtime.routes()[op].chain]
+    if chain != [label]:
+        raise Unroutable(f"routing {op} to {label!r} gives the chain {chain}, not that implementation alone")
+    active = runtime.entry()["active"]
+    if active != entry:
+        raise Unroutable(f"the {entry} entry is not active ({active}: {runtime.entry()['reason']})")
+
+
+# -- running and reporting ------------------------------------------------------------------------------------
+
+@dataclass
+class Tally:
+    """Counts of one op x implementation x mode."""
+
+    op: str
+    impl: str
+    mode: str
+    passed: int = 0
+    declined: int = 0
+    failed: int = 0
+    failures: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    cpu_s: float = 0.0
+
+    @property
+    def total(self) -> int:
+        """Cases counted."""
+        return self.passed + self.declined + self.failed
+
+
+def reproducer(rc: RandomCase, target: Target, mode: str, seed: int, dev: torch.device, message: str) -> str:
+    """A failure's description: op, implementation, mode, seeds, and each argument's layout."""
+    prep = build(rc, dev, rc.seed)
+    lines = [f"{rc.op} [{target.label}] mode={mode} case #{rc.index} (seed {seed}, case seed {rc.seed}) "
+             f"source={rc.source} kind={prep.kind}"]
+    for i, value in enumerate(prep.built.args):
+        lines.append(f"  arg {i}: {prep.built.layouts.get(str(i), _short(value))}")
+    for key, value in prep.built.kwargs.items():
+        lines.append(f"  {key}=: {prep.built.layouts.get(key, _short(value))}")
+    lines.append(f"  {message.strip().splitlines()[0] if message.strip() else message}")
+    lines.append(f"  rerun: flaggems kit --op {rc.op} --impl {target.label} --seed {seed} --cases {rc.index + 1}"
+                 + ("" if mode == "direct" else f" --entry {mode}"))
+    return "\n".join(lines)
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def run_target(target: Target, cases: list[RandomCase], mode: str, seed: int, dev: torch.device,
+               max_failures: int = 5, seconds: float | None = None) -> Tally:
+    """Run ``cases`` on one implementation in one mode (those begun within ``seconds`` of wall time, if given)."""
+    tally = Tally(target.op, target.label, mode)
+    start, deadline = time.process_time(), None if seconds is None else time.monotonic() + seconds
+    try:
+        with _mode_context(target, mode):
+            for index, rc in enumerate(cases):
+                if deadline is not None and time.monotonic() > deadline:
+                    tally.notes.append(f"time budget of {seconds:g} s reached after {index} of {len(cases)} cases")
+                    break
+                _count(tally, target, rc, mode, seed, dev, max_failures)
+    except Unroutable as exc:
+        tally.notes.append(str(exc))
+    tally.cpu_s = time.process_time() - start
+    return tally
+
+
+def _mode_context(target: Target, mode: str) -> contextlib.AbstractContextManager:
+    return contextlib.nullcontext() if mode == "direct" else routed(target.op, target.label, mode)
+
+
+def _count(tally: Tally, target: Target, rc: RandomCase, mode: str, seed: int, dev: torch.device,
+           max_failures: int) -> None:
+    try:
+        outcome = check_direct(target, rc, dev) if mode == "direct" else check_dispatched(target, rc, dev)
+    except AssertionError as exc:
+        tally.failed += 1
+        if len(tally.failures) < max_failures:
+            tally.failures.append(reproducer(rc, target, mode, seed, dev, str(exc)))
+        return
+    if outcome.startswith("declined"):
+        tally.declined += 1
+    else:
+        tally.passed += 1
+
+
+def run_kit(cases: int | None = None, ops: list[str] | None = None, seed: int = 0, modes: tuple[str, ...] = MODES,
+            impl: str | None = None, progress: Callable[[Tally], None] | None = None,
+            seconds: float | None = None) -> list[Tally]:
+    """Run the randomized kit; ``cases`` per op and implementation (default ``FLAGGEMS_KIT_CASES``).
+
+    ``seconds``: wall-time budget per op, implementation and mode (a long run reports what it reached).
+    """
+    from .. import config
+
+    count = config.get("FLAGGEMS_KIT_CASES") if cases is None else cases
+    dev = device()
+    tallies = []
+    for target in targets(ops, impl):
+        stream = random_cases(target.op, count, seed)
+        for mode in modes:
+            tally = run_target(target, stream, mode, seed, dev, seconds=seconds)
+            if not stream:
+                tally.notes.append("no registered cases and no generator for this op")
+            tallies.append(tally)
+            if progress is not None:
+                progress(tally)
+    return tallies
+
+
+def idle_ops(tallies: list[Tally]) -> list[str]:
+    """Ops on which no implementation ran a single case (every case declined, or none at all)."""
+    ran: dict[str, int] = {}
+    for tally in tallies:
+        ran[tally.op] = ran.get(tally.op, 0) + tally.passed + tally.failed
+    return sorted(op for op, count in ran.items() if count == 0)
