@@ -38,9 +38,11 @@ __all__ = [
     "hookimpl",
     "info",
     "is_enabled",
+    "patch",
     "release",
     "routes",
     "tuning",
+    "unpatch",
 ]
 
 
@@ -109,6 +111,28 @@ def enabled(include: Iterable[str] | None = None, exclude: Iterable[str] | None 
                 runtime.enable(previous[0], previous[1])
 
 
+def patch(model: Any) -> Any:
+    """Route a transformers decoder's layers through flaggems' fused operators; returns a report.
+
+    RMSNorms, the residual add + post-attention norm of each decoder layer,
+    the gated MLP's activation product and the rotary embedding of q and k
+    become calls of :mod:`flaggems.ops` (Llama, Mistral, Qwen2, Qwen3, Gemma;
+    see :mod:`flaggems.patching`). Idempotent; :func:`unpatch` restores.
+    Call :func:`enable` for the kernels: without it the operators run their
+    torch references.
+    """
+    from .patching import patch as patch_model
+
+    return patch_model(model)
+
+
+def unpatch(model: Any) -> bool:
+    """Undo :func:`patch` on ``model``; ``False`` when it was not patched."""
+    from .patching import unpatch as unpatch_model
+
+    return unpatch_model(model)
+
+
 def routes(op: str | None = None) -> list[dict[str, Any]]:
     """Per op: the implementation chain, the one chosen first, and why.
 
@@ -148,6 +172,9 @@ def _on_import() -> None:
         log.configure()
     except ValueError:
         pass  # a bad FLAGGEMS_LOG must not break the import: enable() reports it (config.validate), once
+    from . import ops
+
+    ops.define()  # flaggems' own operators exist whether or not flaggems is enabled (patched models call them)
     _runtime().discover()
     _config.warn_unknown()  # after discovery: the plugins' own variables are declared by then
 

@@ -1389,7 +1389,8 @@ Slot& slot_for(const c10::OperatorHandle& op, const std::string& full, c10::Disp
 void register_slot(Slot& slot, const std::string& full, bool grad_sensitive) {
   SilentWarnings silent;  // torch warns once per override of a C++ kernel: that is the point here
   c10::WarningUtils::WarningHandlerGuard guard(&silent);
-  auto lib = std::make_unique<torch::Library>(torch::Library::IMPL, "aten", slot.key, __FILE__, __LINE__);
+  const std::string ns = full.substr(0, full.find("::"));  // "aten", or "flaggems" for flaggems' own ops
+  auto lib = std::make_unique<torch::Library>(torch::Library::IMPL, ns, slot.key, __FILE__, __LINE__);
   bool typed = false;
   if (auto kernel = typed_for(&slot, grad_sensitive)) {
     try {

@@ -34,6 +34,7 @@ OPERATORS: tuple[OpImpl, ...] = (
     # ~12 µs per call (measured on the CI host): it is offered only where the backend's torch lacks it.
     OpImpl("unfold", f"{__name__}.unfold:unfold", dtypes=_COPY_DTYPES, dispatch_keys=("PrivateUse1",)),
     OpImpl("unfold_backward", f"{__name__}.unfold:unfold_backward", dtypes=_FLOATS),
+    # flaggems' own fused ops (flaggems.ops): a decline runs their torch reference.
 )
 
 

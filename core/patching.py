@@ -1,0 +1,334 @@
+"""``flaggems.patch(model)``: a transformers decoder's layers through flaggems' fused operators.
+
+A Llama/Qwen/Mistral/Gemma decoder layer spells out in ~40 torch calls what
+five fused operators (:mod:`flaggems.ops`) do in a handful, and a decode step
+is mostly host time: fewer calls is what makes it faster. ``patch`` rebinds,
+per module instance (never a class, never a parameter):
+
+* every RMSNorm of a known family: ``flaggems::rms_norm`` (its rounding);
+* the decoder layer, where its ``forward`` is the known pre-norm residual
+  form: the residual add and the post-attention norm become one
+  ``flaggems::add_rms_norm``;
+* the MLP with a SiLU or tanh-GELU activation: ``flaggems::silu_mul`` or
+  ``flaggems::gelu_tanh_mul`` between the projections;
+* the attention's rotary embedding (the modeling module's
+  ``apply_rotary_pos_emb``, shared by every model of that module while one
+  is patched): ``flaggems::rotary_embedding`` for q and k in one call.
+
+Modules are recognised by class name and checked by structure (attributes,
+the activation, the ``forward``'s source for the layer); anything else is
+left alone and the report says why. The operators fall back to their torch
+references wherever flaggems is disabled or declines (CPU, float64, an
+unsupported layout), so a patched model runs everywhere; ``state_dict()``
+keys and values are untouched, and :func:`unpatch` restores every
+``forward`` and module function exactly. ``patch`` is idempotent.
+"""
+
+from __future__ import annotations
+
+import inspect
+import sys
+import threading
+import weakref
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+
+from . import ops
+
+#: Attribute a patched module carries (the kind of patch); plain attributes are not part of ``state_dict()``.
+MARK = "_flaggems_patched"
+#: Attribute of the root module holding what :func:`unpatch` undoes.
+UNDO = "_flaggems_undo"
+
+
+@dataclass(frozen=True)
+class NormKind:
+    """How a family's RMSNorm rounds: see :func:`flaggems.ops.rms_norm`."""
+
+    eps_attr: str
+    weight_offset: float = 0.0
+    cast_first: bool = True
+
+
+_LLAMA_NORM = NormKind("variance_epsilon")
+_GEMMA_NORM = NormKind("eps", weight_offset=1.0, cast_first=False)
+
+#: RMSNorm classes by name (transformers 4.4x-5.x spell these forwards the same way).
+NORMS: dict[str, NormKind] = {
+    "LlamaRMSNorm": _LLAMA_NORM, "MistralRMSNorm": _LLAMA_NORM, "Qwen2RMSNorm": _LLAMA_NORM,
+    "Qwen3RMSNorm": _LLAMA_NORM, "Qwen3MoeRMSNorm": _LLAMA_NORM, "GemmaRMSNorm": _GEMMA_NORM,
+}
+#: MLP classes of the gated form ``down(act(gate(x)) * up(x))``.
+MLPS = frozenset({"LlamaMLP", "MistralMLP", "Qwen2MLP", "Qwen3MLP", "GemmaMLP"})
+#: Decoder layers of the pre-norm residual form (checked against their source as well).
+LAYERS = frozenset({"LlamaDecoderLayer", "MistralDecoderLayer", "Qwen2DecoderLayer", "Qwen3DecoderLayer",
+                    "GemmaDecoderLayer"})
+#: Attention classes whose modeling module's ``apply_rotary_pos_emb`` is the rotate-half form.
+ATTENTIONS = frozenset({"LlamaAttention", "MistralAttention", "Qwen2Attention", "Qwen3Attention",
+                        "GemmaAttention"})
+#: What a layer's ``forward`` must say (and not say) for the fused residual form to be equivalent.
+_LAYER_SOURCE_HAS = ("residual = hidden_states", "self.input_layernorm(hidden_states)", "self.self_attn(",
+                     "hidden_states = residual + hidden_states", "self.post_attention_layernorm(hidden_states)",
+                     "self.mlp(hidden_states)", "return hidden_states")
+_LAYER_SOURCE_LACKS = ("outputs", "feedforward_layernorm", "dropout")
+
+
+@dataclass
+class PatchReport:
+    """What :func:`patch` did: modules patched per kind, modules skipped and why."""
+
+    model: str
+    patched: Counter = field(default_factory=Counter)
+    skipped: list[tuple[str, str]] = field(default_factory=list)
+    already: bool = False
+
+    def __str__(self) -> str:
+        if self.already:
+            return f"flaggems.patch({self.model}): already patched"
+        done = ", ".join(f"{kind} x{count}" for kind, count in sorted(self.patched.items())) or "nothing"
+        lines = [f"flaggems.patch({self.model}): {done}"]
+        lines += [f"  skipped {name}: {why}" for name, why in self.skipped]
+        return "\n".join(lines)
+
+    def as_dict(self) -> dict[str, Any]:
+        """Plain data (the models benchmark records it)."""
+        return {"model": self.model, "patched": dict(self.patched), "skipped": [list(s) for s in self.skipped],
+                "already": self.already}
+
+
+class _Undo:
+    """The inverse of one :func:`patch`: instance ``forward`` attributes set, module functions replaced."""
+
+    def __init__(self) -> None:
+        self.forwards: list[nn.Module] = []
+        self.functions: list[tuple[str, str]] = []  # (module name, attribute)
+        self.release: weakref.finalize | None = None  # gives the module functions back (unpatch, or model freed)
+
+
+# Module functions replaced while at least one patched model uses them: (module, attr) -> (original, users).
+_FUNCTIONS: dict[tuple[str, str], list[Any]] = {}
+_LOCK = threading.Lock()
+
+
+def _set_forward(module: nn.Module, forward: Callable[..., Any], kind: str, undo: _Undo) -> None:
+    object.__setattr__(module, "forward", forward)  # an instance attribute shadows the class's method
+    object.__setattr__(module, MARK, kind)
+    undo.forwards.append(module)
+
+
+def _norm_forward(module: nn.Module, kind: NormKind) -> Callable[[torch.Tensor], torch.Tensor]:
+    op = ops.overload("rms_norm")
+    eps = float(getattr(module, kind.eps_attr))
+    offset, cast_first = kind.weight_offset, kind.cast_first
+
+    def forward(hidden_states: torch.Tensor) -> torch.Tensor:
+        return op(hidden_states, module.weight, eps, offset, cast_first)
+
+    return forward
+
+
+def _norm_kind(module: nn.Module) -> NormKind | None:
+    kind = NORMS.get(type(module).__name__)
+    if kind is None or not hasattr(module, kind.eps_attr):
+        return None
+    weight = getattr(module, "weight", None)
+    return kind if isinstance(weight, torch.Tensor) and weight.dim() == 1 else None
+
+
+def _activation(module: nn.Module) -> str | None:
+    """``"silu"`` or ``"gelu_tanh"`` for the activation modules transformers builds, else ``None``."""
+    act = getattr(module, "act_fn", None)
+    name = type(act).__name__
+    if isinstance(act, nn.SiLU) or name in ("SiLUActivation", "SiLU"):
+        return "silu"
+    if name in ("PytorchGELUTanh", "GELUTanh") or (isinstance(act, nn.GELU) and act.approximate == "tanh"):
+        return "gelu_tanh"
+    return None
+
+
+def _mlp_reason(module: nn.Module) -> str | None:
+    for name in ("gate_proj", "up_proj", "down_proj"):
+        if not isinstance(getattr(module, name, None), nn.Linear):
+            return f"no nn.Linear {name}"
+    if _activation(module) is None:
+        return f"activation {type(getattr(module, 'act_fn', None)).__name__} is neither SiLU nor tanh-GELU"
+    return None
+
+
+def _mlp_forward(module: nn.Module) -> Callable[[torch.Tensor], torch.Tensor]:
+    op = ops.overload("silu_mul" if _activation(module) == "silu" else "gelu_tanh_mul")
+
+    def forward(x: torch.Tensor) -> torch.Tensor:
+        return module.down_proj(op(module.gate_proj(x), module.up_proj(x)))
+
+    return forward
+
+
+def _layer_reason(layer: nn.Module) -> str | None:
+    for name in ("input_layernorm", "post_attention_layernorm"):
+        if _norm_kind(getattr(layer, name, None)) is None:
+            return f"{name} is not an RMSNorm flaggems knows"
+    try:
+        source = inspect.getsource(type(layer).forward)
+    except (OSError, TypeError):
+        return "its forward's source is not available to check"
+    forwarded = [f"{p}={p}" for p in inspect.signature(type(layer).forward).parameters
+                 if p not in ("self", "hidden_states", "kwargs")]
+    missing = [text for text in (*_LAYER_SOURCE_HAS, *forwarded) if text not in source]
+    extra = [text for text in _LAYER_SOURCE_LACKS if text in source]
+    if missing or extra:
+        return f"its forward is not the pre-norm residual form ({'lacks ' + repr(missing[0]) if missing else ''}" \
+               f"{'has ' + repr(extra[0]) if extra and not missing else ''})"
+    return None
+
+
+def _layer_forward(layer: nn.Module) -> Callable[..., torch.Tensor]:
+    op = ops.overload("add_rms_norm")
+    norm = layer.post_attention_layernorm
+    kind = _norm_kind(norm)
+    eps = float(getattr(norm, kind.eps_attr))
+    original = type(layer).forward
+
+    def forward(hidden_states: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
+        if args:  # arguments passed by position: the class's own forward knows where they go
+            return original(layer, hidden_states, *args, **kwargs)
+        residual = hidden_states
+        hidden_states, _ = layer.self_attn(hidden_states=layer.input_layernorm(hidden_states), **kwargs)
+        hidden_states, residual = op(hidden_states, residual, norm.weight, eps, kind.weight_offset, kind.cast_first)
+        return residual + layer.mlp(hidden_states)
+
+    return forward
+
+
+def _rotary(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+            unsqueeze_dim: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
+    """``apply_rotary_pos_emb`` of the patched modeling modules, through ``flaggems::rotary_embedding``."""
+    return _ROTARY_OP(q, k, cos, sin, unsqueeze_dim, False)
+
+
+_ROTARY_OP: Any = None
+
+
+def _rotary_reason(attention: nn.Module) -> str | None:
+    module = sys.modules.get(type(attention).__module__)
+    original = getattr(module, "apply_rotary_pos_emb", None)
+    if original is None:
+        return "its modeling module has no apply_rotary_pos_emb"
+    if _FUNCTIONS.get((module.__name__, "apply_rotary_pos_emb")):
+        return None
+    # With the ``kernels`` package installed, transformers' hub decorator makes the function a module whose
+    # forward is the original; without it the function stays as written.
+    function = original.forward if isinstance(original, nn.Module) else inspect.unwrap(original)
+    signature = inspect.signature(function)
+    if list(signature.parameters) != ["q", "k", "cos", "sin", "unsqueeze_dim"]:
+        return f"apply_rotary_pos_emb{signature} is not (q, k, cos, sin, unsqueeze_dim)"
+    return None
+
+
+def _replace_function(module_name: str, attr: str, replacement: Any, undo: _Undo) -> None:
+    with _LOCK:
+        entry = _FUNCTIONS.get((module_name, attr))
+        if entry is None:
+            module = sys.modules[module_name]
+            entry = _FUNCTIONS[(module_name, attr)] = [getattr(module, attr), 0]
+            setattr(module, attr, replacement)
+        entry[1] += 1
+    undo.functions.append((module_name, attr))
+
+
+def _restore_functions(functions: list[tuple[str, str]]) -> None:
+    """One patched model's hold on module functions released; the last holder restores each."""
+    with _LOCK:
+        for module_name, attr in functions:
+            entry = _FUNCTIONS[(module_name, attr)]
+            entry[1] -= 1
+            if entry[1] == 0:
+                setattr(sys.modules[module_name], attr, entry[0])
+                del _FUNCTIONS[(module_name, attr)]
+
+
+def patch(model: nn.Module) -> PatchReport:
+    """Route a transformers decoder's layers through flaggems' fused operators (see the module docstring).
+
+    Returns a :class:`PatchReport`. Patching does not enable flaggems:
+    ``flaggems.enable()`` routes the fused operators to the kernels; without
+    it (or where they decline) they run their torch references.
+    """
+    global _ROTARY_OP
+    report = PatchReport(type(model).__name__)
+    if getattr(model, UNDO, None) is not None:
+        report.already = True
+        return report
+    _ROTARY_OP = ops.overload("rotary_embedding")
+    undo = _Undo()
+    layer_norms: set[int] = set()
+    for name, module in model.named_modules():
+        if type(module).__name__ in LAYERS:
+            reason = _layer_reason(module)
+            if reason is None:
+                _set_forward(module, _layer_forward(module), "decoder_layer", undo)
+                layer_norms.add(id(module.post_attention_layernorm))
+                report.patched["add_rms_norm (decoder layer)"] += 1
+            else:
+                report.skipped.append((name, f"{type(module).__name__}: {reason}"))
+    for name, module in model.named_modules():
+        cls = type(module).__name__
+        if getattr(module, MARK, None) is not None:
+            continue
+        if cls in NORMS:
+            kind = _norm_kind(module)
+            if kind is None:
+                report.skipped.append((name, f"{cls}: not the expected weight/eps attributes"))
+            elif id(module) in layer_norms:
+                object.__setattr__(module, MARK, "fused_into_layer")  # its layer calls add_rms_norm instead
+                undo.forwards.append(module)
+            else:
+                _set_forward(module, _norm_forward(module, kind), "rms_norm", undo)
+                report.patched["rms_norm"] += 1
+        elif cls in MLPS:
+            reason = _mlp_reason(module)
+            if reason is None:
+                _set_forward(module, _mlp_forward(module), "mlp", undo)
+                report.patched[f"{_activation(module)}_mul (mlp)"] += 1
+            else:
+                report.skipped.append((name, f"{cls}: {reason}"))
+        elif cls in ATTENTIONS:
+            reason = _rotary_reason(module)
+            if reason is None:
+                if (type(module).__module__, "apply_rotary_pos_emb") not in undo.functions:
+                    _replace_function(type(module).__module__, "apply_rotary_pos_emb", _rotary, undo)
+                report.patched["rotary_embedding (attention)"] += 1
+            else:
+                report.skipped.append((name, f"{cls}: {reason}"))
+    if not report.patched:
+        report.skipped.append(("", "no module of a family flaggems knows (Llama, Mistral, Qwen2, Qwen3, Gemma); "
+                                   "the model is left untouched"))
+        return report
+    # A model freed without unpatch() gives its module functions back too (the finalizer holds no model).
+    undo.release = weakref.finalize(model, _restore_functions, list(undo.functions))
+    object.__setattr__(model, UNDO, undo)
+    return report
+
+
+def unpatch(model: nn.Module) -> bool:
+    """Undo :func:`patch` on ``model`` (every ``forward`` and module function restored); ``False`` if not patched."""
+    undo: _Undo | None = getattr(model, UNDO, None)
+    if undo is None:
+        return False
+    for module in undo.forwards:
+        module.__dict__.pop("forward", None)
+        module.__dict__.pop(MARK, None)
+    if undo.release is not None:
+        undo.release()  # runs once: restores the module functions this model held
+    del model.__dict__[UNDO]
+    return True
+
+
+def is_patched(model: nn.Module) -> bool:
+    """Whether :func:`patch` patched ``model`` (and :func:`unpatch` has not undone it)."""
+    return getattr(model, UNDO, None) is not None

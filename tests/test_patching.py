@@ -1,0 +1,172 @@
+"""``flaggems.patch(model)`` on transformers decoders built from configs (random weights, nothing downloaded)."""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+import torch
+from torch import nn
+
+import flaggems
+from flaggems import ops, patching
+
+transformers = pytest.importorskip("transformers")
+DEV = torch.device(flaggems.backend().device_type)
+FAMILIES = ["Llama", "Qwen2", "Qwen3", "Mistral", "Gemma"]
+
+
+def tiny(family: str, dtype: torch.dtype = torch.float32, layers: int = 2) -> nn.Module:
+    """A two-layer ``<family>ForCausalLM`` with random weights (seed 0)."""
+    config = getattr(transformers, f"{family}Config")(
+        vocab_size=96, hidden_size=64, intermediate_size=96, num_hidden_layers=layers, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=64, head_dim=16)
+    torch.manual_seed(0)
+    return getattr(transformers, f"{family}ForCausalLM")(config).to(device=DEV, dtype=dtype).eval()
+
+
+def ids(batch: int = 2, length: int = 7) -> torch.Tensor:
+    return torch.randint(0, 96, (batch, length), generator=torch.Generator().manual_seed(1)).to(DEV)
+
+
+def forward_attrs(model: nn.Module) -> int:
+    return sum("forward" in module.__dict__ for module in model.modules())
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_patch_reports_every_fused_kind_and_keeps_results_and_state(family):
+    model, prompt = tiny(family), ids()
+    state = {k: v.clone() for k, v in model.state_dict().items()}
+    with torch.no_grad():
+        want = model(prompt).logits
+        report = flaggems.patch(model)
+        got = model(prompt).logits  # flaggems disabled: the operators' torch references
+    layers = 2
+    # each layer's input norm and the final one; Qwen3's q_norm/k_norm too (post-attention norms: in add_rms_norm)
+    norms = layers + 1 + (2 * layers if family == "Qwen3" else 0)
+    activation = "gelu_tanh_mul (mlp)" if family == "Gemma" else "silu_mul (mlp)"
+    assert dict(report.patched) == {"add_rms_norm (decoder layer)": layers, "rms_norm": norms, activation: layers,
+                                    "rotary_embedding (attention)": layers}, str(report)
+    assert not report.skipped, str(report)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    assert list(model.state_dict()) == list(state)
+    assert all(torch.equal(model.state_dict()[k], v) for k, v in state.items())
+
+
+@pytest.mark.parametrize("family", ["Llama", "Gemma"])
+def test_patch_is_idempotent_and_unpatch_restores_exactly(family):
+    model = tiny(family)
+    module = sys.modules[type(model.model.layers[0].self_attn).__module__]
+    original = module.apply_rotary_pos_emb
+    assert flaggems.patch(model).patched
+    assert flaggems.patch(model).already
+    assert module.apply_rotary_pos_emb is not original and forward_attrs(model) > 0
+    assert flaggems.unpatch(model)
+    assert module.apply_rotary_pos_emb is original
+    assert forward_attrs(model) == 0
+    assert not any(patching.MARK in m.__dict__ for m in model.modules())
+    assert not flaggems.unpatch(model)
+
+
+def test_a_module_function_stays_patched_while_another_model_uses_it():
+    first, second = tiny("Llama"), tiny("Llama")
+    module = sys.modules[type(first.model.layers[0].self_attn).__module__]
+    original = module.apply_rotary_pos_emb
+    flaggems.patch(first)
+    flaggems.patch(second)
+    flaggems.unpatch(first)
+    assert module.apply_rotary_pos_emb is not original
+    flaggems.unpatch(second)
+    assert module.apply_rotary_pos_emb is original
+
+
+def test_an_unknown_model_is_left_untouched():
+    model = nn.Sequential(nn.Linear(8, 8), nn.LayerNorm(8))
+    report = flaggems.patch(model)
+    assert not report.patched and "left untouched" in str(report)
+    assert forward_attrs(model) == 0 and not patching.is_patched(model)
+
+
+def test_a_layer_of_another_form_is_skipped_with_its_reason_and_its_norms_patched_alone():
+    model = tiny("Llama", layers=1)
+    layer_class = type(model.model.layers[0])
+
+    class OtherLayer(layer_class):  # the same name, another forward: not the pre-norm residual form
+        def forward(self, hidden_states, **kwargs):
+            return hidden_states + self.mlp(self.post_attention_layernorm(hidden_states))
+
+    OtherLayer.__name__ = layer_class.__name__
+    model.model.layers[0].__class__ = OtherLayer
+    report = flaggems.patch(model)
+    assert any("not the pre-norm residual form" in why for _, why in report.skipped), str(report)
+    assert report.patched["rms_norm"] == 3 and "add_rms_norm (decoder layer)" not in report.patched
+
+
+def test_save_pretrained_writes_the_same_tensors(tmp_path):
+    model = tiny("Qwen2")
+    model.save_pretrained(tmp_path / "plain")
+    flaggems.patch(model)
+    model.save_pretrained(tmp_path / "patched")
+    from safetensors.torch import load_file
+
+    plain, patched = load_file(tmp_path / "plain" / "model.safetensors"), load_file(
+        tmp_path / "patched" / "model.safetensors")
+    assert plain.keys() == patched.keys() and all(torch.equal(plain[k], patched[k]) for k in plain)
+    flaggems.unpatch(model)
+
+
+def test_training_step_gradients_match_the_unpatched_model():
+    model, prompt = tiny("Llama"), ids()
+    model.train()
+    loss = model(prompt, labels=prompt).loss
+    loss.backward()
+    want = {n: p.grad.clone() for n, p in model.named_parameters()}
+    model.zero_grad()
+    flaggems.patch(model)
+    with flaggems.enabled():
+        model(prompt, labels=prompt).loss.backward()
+    flaggems.unpatch(model)
+    for name, param in model.named_parameters():
+        torch.testing.assert_close(param.grad, want[name], rtol=2e-4, atol=2e-5, msg=name)
+
+
+@pytest.mark.parametrize("family", ["Llama", "Qwen3", "Gemma"])
+def test_enabled_patched_model_routes_the_fused_operators(family):
+    model, prompt = tiny(family), ids()
+    with torch.no_grad():
+        want = model(prompt).logits
+        flaggems.patch(model)
+        with flaggems.enabled():
+            got = model(prompt).logits
+            got_again = model(prompt).logits
+            routed = {row["op"] for row in flaggems.routes() if row["chain"] != ["native"]}
+    flaggems.unpatch(model)
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+    assert torch.equal(got, got_again)
+    fused = {op for op in routed if op.startswith("flaggems::")}
+    if not fused:
+        pytest.skip("no implementation of flaggems' fused operators is installed")
+
+
+def test_torch_compile_traces_a_patched_model_without_new_graph_breaks():
+    model, prompt = tiny("Llama"), ids()
+
+    def breaks(m: nn.Module) -> int:
+        torch._dynamo.reset()
+        return torch._dynamo.explain(m)(prompt).graph_break_count
+
+    plain = breaks(model)
+    flaggems.patch(model)
+    assert breaks(model) == plain
+    compiled = torch.compile(model, backend="aot_eager")
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(prompt).logits, model(prompt).logits, rtol=1e-5, atol=1e-5)
+    flaggems.unpatch(model)
+    torch._dynamo.reset()
+
+
+def test_the_operators_are_defined_at_import_with_their_references():
+    for name in ops.SCHEMAS:
+        assert ops.overload(name)._schema.name == f"flaggems::{name}"
+    x, w = torch.randn(3, 8), torch.randn(8)
+    torch.testing.assert_close(torch.ops.flaggems.rms_norm(x, w, 1e-6), ops.rms_norm(x, w, 1e-6))
