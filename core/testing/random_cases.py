@@ -218,6 +218,21 @@ def native_inputs(op: str, prep: Prepared, dev: torch.device) -> tuple[tuple, di
     return args, kwargs
 
 
+def _suggested_format(result: torch.Tensor, args: tuple) -> None:
+    """``aten::group_norm``'s documented layout: the input's suggested memory format (torch's CPU composite
+    does the same; its CUDA one copies the input and returns a contiguous output)."""
+    from torch._prims_common import suggest_memory_format
+
+    wanted = suggest_memory_format(args[0])
+    assert result.is_contiguous(memory_format=wanted), (
+        f"result: strides {result.stride()} are not {wanted} (the input's suggested memory format)")
+
+
+#: Ops whose documented output layout differs from torch's off the CPU: the result is checked against the
+#: documented choice there instead of torch's strides (README, "Operators").
+LAYOUT_CHOICES = {"group_norm": _suggested_format}
+
+
 def contiguous_native(op: str, prep: Prepared, dev: torch.device) -> bool:
     """Whether the native side read contiguous copies of inputs that were not contiguous."""
     args, _ = native_inputs(op, prep, dev)
@@ -317,8 +332,10 @@ def compare(op: str, actual: Outcome, expected: Outcome, act: Prepared, exp: Pre
     if actual.error is not None:
         raise AssertionError(f"raised {type(actual.error).__name__}: {actual.error}; torch did not") from actual.error
     case = exp.case
-    if contiguous_native(op, exp, dev):
+    if contiguous_native(op, exp, dev) or op in LAYOUT_CHOICES and dev.type != "cpu":
         case = dataclasses.replace(case, check_strides=False)  # torch's output layout is that of its copies
+    if op in LAYOUT_CHOICES and isinstance(actual.result, torch.Tensor):
+        LAYOUT_CHOICES[op](actual.result, act.built.args)
     assert_same(actual.result, expected.result, case, "result")
     for i, (a, e) in enumerate(zip(act.built.args, exp.built.args)):
         assert_same(a, e, exp.case, f"argument {i} after the call")
@@ -363,6 +380,11 @@ def check_dispatched(target: Target, rc: RandomCase, dev: torch.device) -> str:
             call_impl(target, build(rc, dev, rc.seed))
         except Declined as exc:
             return f"declined: {exc}; torch's kernel, which would serve it, takes no such layout"
+    if DEVICE_ASSERT in build(rc, dev, rc.seed).case.tags and dev.type != "cpu":
+        try:  # a call the implementation declines would reach torch's kernel, which asserts on the device
+            call_impl(target, build(rc, dev, rc.seed))
+        except Declined as exc:
+            return f"declined: {exc}; torch's kernel, which would serve it, asserts on this device"
     before = sum(count for (op, _, _), count in binding.DECLINES.items() if op == rc.op)
     for values_seed in (rc.seed, rc.seed + 1):
         exp = build(rc, dev, values_seed)
