@@ -61,10 +61,15 @@ def poison(dtype: torch.dtype) -> Any:
 
 
 def negatable(t: torch.Tensor) -> bool:
-    """Whether ``-t`` holds the same information (floats; signed integers without their minimum)."""
+    """Whether ``-t`` holds the same information (floats; signed integers without their minimum).
+
+    Integer tensors only on the CPU: torch's CUDA kernels read an integer index or repeats tensor's raw
+    memory whatever its negative bit (its CPU ones too, raising), so on a GPU the native side of such a case
+    ends in a device-side assert (``Repeat.cu``: ``repeat >= 0``, H200) that poisons the process.
+    """
     if t.dtype.is_floating_point or t.dtype.is_complex:
         return True
-    if t.dtype in (torch.bool, torch.uint8):
+    if t.dtype in (torch.bool, torch.uint8) or t.device.type != "cpu":
         return False
     return t.numel() == 0 or bool((t != torch.iinfo(t.dtype).min).all())
 
