@@ -238,19 +238,19 @@ _UNSERVABLE = _unservable_keys()
 _UNSERVABLE_MASK = sum(_UNSERVABLE.values())
 
 
-def _tensor_unservable(tensor: torch.Tensor) -> str | None:
+def _tensor_unservable(tensor: torch.Tensor, tangents: bool) -> str | None:
     bits = torch._C._dispatch_keys(tensor).raw_repr() & _UNSERVABLE_MASK
     if bits:
         names = [name for name, bit in _UNSERVABLE.items() if bits & bit]
         return f"a tensor with dispatch key {'/'.join(names)} (torch's kernel resolves it)"
     if tensor.layout is not torch.strided:
         return f"a {tensor.layout} tensor"
-    if forward_ad._current_level >= 0 and forward_ad.unpack_dual(tensor).tangent is not None:
+    if tangents and forward_ad._current_level >= 0 and forward_ad.unpack_dual(tensor).tangent is not None:
         return "a tensor with a forward-AD tangent (torch's kernel carries it)"
     return None
 
 
-def unservable(args: Sequence[Any], kwargs: dict[str, Any] | None = None) -> str | None:
+def unservable(args: Sequence[Any], kwargs: dict[str, Any] | None = None, tangents: bool = True) -> str | None:
     """Why no implementation may serve this call, or ``None``: one check for every implementation.
 
     A tensor argument (or one in a list) whose values are not what its memory holds, or that is not plain
@@ -261,17 +261,24 @@ def unservable(args: Sequence[Any], kwargs: dict[str, Any] | None = None) -> str
     ``group_norm``) all of them arrive as they are; below it torch's fallbacks resolve most, but not the
     negative bit for every op (``copy_``, ``repeat_interleave.Tensor``'s ``repeats``). The compiled entry
     makes the same check in C++; the Python entry here; the conformance kit before each direct call.
+    ``tangents``: look for forward-AD tangents too (on Autograd keys only: below them torch's autograd has
+    carried them already, and unpacking a dual tensor there trips an internal assert of torch).
     """
     for value in (*args, *(kwargs or {}).values()):
         if isinstance(value, torch.Tensor):
-            reason = _tensor_unservable(value)
+            reason = _tensor_unservable(value, tangents)
             if reason is not None:
                 return reason
         elif isinstance(value, (list, tuple)):
             for item in value:
-                if isinstance(item, torch.Tensor) and (reason := _tensor_unservable(item)) is not None:
+                if isinstance(item, torch.Tensor) and (reason := _tensor_unservable(item, tangents)) is not None:
                     return reason
     return None
+
+
+def _below_autograd(args: Sequence[Any], kwargs: dict[str, Any] | None = None) -> str | None:
+    """:func:`unservable` for an entry on a backend key (no forward-AD tangents to look for)."""
+    return unservable(args, kwargs, tangents=False)
 
 
 #: Declines seen since the last ``enable()``: ``(op, implementation, reason) -> count``. The Python entry
@@ -293,7 +300,7 @@ def declines_of(op: str) -> list[dict[str, Any]]:
 
 
 def build_entry(op: str, chain: Sequence[ResolvedLink], native: NativeKernel,
-                channels: frozenset[str], gate: bool = False) -> Callable[..., Any]:
+                channels: frozenset[str], gate: bool = False, autograd_key: bool = False) -> Callable[..., Any]:
     """Build the per-op entry point registered with the dispatcher.
 
     The fast variant (one implementation, no ``supports``, no logging) costs a
@@ -304,7 +311,7 @@ def build_entry(op: str, chain: Sequence[ResolvedLink], native: NativeKernel,
     without it).
     """
     busy: set[int] = set()  # threads currently inside this op's implementation
-    check = unservable if gate else None
+    check = None if not gate else unservable if autograd_key else _below_autograd
     if len(chain) == 1 and chain[0].supports is None and not channels:
         return _build_single_entry(op, chain[0], native, busy, check)
     return _build_chain_entry(op, tuple(chain), native, channels, busy, check)
@@ -525,7 +532,8 @@ class Binding:
             chain = resolve_chain(route)
             for key in self._keys_for(op):
                 native = NativeKernel.capture(op, key)
-                prepared.append((op, key, chain, build_entry(op, chain, native, channels, gate=True), native))
+                entry = build_entry(op, chain, native, channels, gate=True, autograd_key=key.startswith("Autograd"))
+                prepared.append((op, key, chain, entry, native))
         use_compiled = compiled_entry is not None and not channels
         if use_compiled:
             registry = compiled_entry.Registry()

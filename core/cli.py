@@ -94,6 +94,8 @@ def _print_tally(tally: Any) -> None:
     notes = "".join(f"\n    note: {note}" for note in tally.notes)
     print(f"  {tally.op:<30} {tally.impl:<12} {tally.mode:<9} passed {tally.passed:>5}  declined "
           f"{tally.declined:>5}  failed {tally.failed:>5}  ({tally.cpu_s:.1f} s CPU){notes}", flush=True)
+    for text in tally.failures[:1]:  # printed as they come: a run stopped by a time limit keeps them
+        print("    FAILED " + text.replace("\n", "\n    "), flush=True)
 
 
 def cmd_kit(args: argparse.Namespace) -> int:

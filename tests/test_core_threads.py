@@ -76,10 +76,11 @@ def test_disable_keeps_registrations_and_release_removes_them():
     flaggems.enable()
     flaggems.disable()
     native = NativeKernel.capture("index_select", flaggems.backend().dispatch_key)
-    x = torch.randn(6, 3)
-    assert torch.equal(x.index_select(0, torch.tensor([5, 1])), native(x, 0, torch.tensor([5, 1])))
+    device = flaggems.backend().device_type
+    x, index = torch.randn(6, 3, device=device), torch.tensor([5, 1], device=device)
+    assert torch.equal(x.index_select(0, index), native(x, 0, index))
     flaggems.release()
     assert not _PY_SLOTS
     flaggems.enable()
-    assert torch.equal(x.index_select(0, torch.tensor([5, 1])), x[[5, 1]])
+    assert torch.equal(x.index_select(0, index), x[[5, 1]])
     flaggems.disable()
