@@ -140,9 +140,17 @@ class NativeKernel:
         return cls(op, kernel, keyset, positions, names)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        """Call the native kernel, re-wrapping Python scalars given for Tensors."""
+        """Call the native kernel, re-wrapping Python scalars given for Tensors.
+
+        Inside a recorded implementation this does device work no recording can replay: the recording is
+        spoiled (the planner keeps the call on the Python path).
+        """
         if _RECORDERS and threading.get_ident() in _RECORDERS:
             _RECORDERS[threading.get_ident()].spoil(f"native {self.op} called inside the implementation")
+        return self.forward(*args, **kwargs)
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        """Call the kernel as the dispatcher would have without flaggems' registration (a switched-off slot)."""
         if any(i < len(args) and isinstance(args[i], _PY_NUMBER) for i in self.tensor_positions) or any(
             isinstance(kwargs.get(n), _PY_NUMBER) for n in self.tensor_names
         ):
@@ -464,7 +472,7 @@ class _PySlot:
 
         def slot_entry(*args: Any, **kwargs: Any) -> Any:
             serve = self.serve
-            return below(*args, **kwargs) if serve is None else serve(*args, **kwargs)
+            return below.forward(*args, **kwargs) if serve is None else serve(*args, **kwargs)
 
         self.library = torch.library.Library(namespace_of(op)[0], "IMPL")
         with warnings.catch_warnings():
