@@ -462,13 +462,12 @@ PLAN_RETRY_EVERY = 64
 class _PySlot:
     """The Python registration of one op on one dispatch key, made once for the process.
 
-    ``serve`` is the entry of the current ``enable()`` or ``None``; the kernel the registration covers
-    (``below``, found when it was made) serves while it is ``None``.
+    ``serve`` is the entry of the current ``enable()`` or ``None``; while it is ``None`` the kernel the
+    registration covers (``below``: torch's, or the compiled entry's registration made earlier) serves.
     """
 
-    def __init__(self, op: str, key: str) -> None:
+    def __init__(self, op: str, key: str, below: NativeKernel) -> None:
         self.serve: Callable[..., Any] | None = None
-        below = NativeKernel.current(op, key)
 
         def slot_entry(*args: Any, **kwargs: Any) -> Any:
             serve = self.serve
@@ -556,10 +555,15 @@ class Binding:
             registry.register_all()
             self.registry = registry
         else:
+            # Every kernel a new slot covers is captured before any of them is registered: once the backend
+            # key of a CompositeImplicitAutograd op holds a registration, its Autograd key's current kernel is
+            # torch's "autograd not implemented" fallback, which a switched-off slot must not forward to.
+            below = {(op, key): NativeKernel.current(op, key) for op, key, *_ in prepared
+                     if (op, key) not in _PY_SLOTS}
             for op, key, _, entry, _ in prepared:
                 slot = _PY_SLOTS.get((op, key))
                 if slot is None:
-                    slot = _PY_SLOTS[(op, key)] = _PySlot(op, key)
+                    slot = _PY_SLOTS[(op, key)] = _PySlot(op, key, below[(op, key)])
                 slot.serve = entry
                 self.slots.append((slot, entry))
         for op, key, _, entry, native in prepared:

@@ -84,3 +84,55 @@ def test_disable_keeps_registrations_and_release_removes_them():
     flaggems.enable()
     assert torch.equal(x.index_select(0, index), x[[5, 1]])
     flaggems.disable()
+
+
+@pytest.mark.parametrize("entry", ["compiled", "python"])
+def test_a_disabled_composite_op_records_torchs_graph(entry, monkeypatch):
+    """After ``disable()`` a CompositeImplicitAutograd op decomposes as torch's own (no "autograd kernel was
+    not registered" node): the slot on its Autograd key forwards to the kernel captured before any
+    registration, not to the fallback that key gets once its backend key holds one."""
+    import warnings
+
+    import torch
+
+    import flaggems
+    from flaggems import compiled
+
+    monkeypatch.setenv("FLAGGEMS_ENTRY", entry)
+    compiled.reset()
+    device = flaggems.backend().device_type
+    x = torch.randn(3, 8, device=device, requires_grad=True)
+    flaggems.enable()
+    torch.repeat_interleave(x, 2, dim=0).sum().backward()
+    flaggems.disable()
+    compiled.reset()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        torch.repeat_interleave(x, 2, dim=0).sum().backward()
+    assert torch.equal(x.grad, torch.full_like(x, 4.0))
+
+
+def test_the_compiled_entry_still_serves_after_the_python_entry_registered_over_it(monkeypatch):
+    """Registrations of both entries stack (a process that switched ``FLAGGEMS_ENTRY``): a switched-off
+    Python registration made over the compiled one forwards to it, not past it to torch's kernel."""
+    import torch
+
+    import flaggems
+    from flaggems import binding, compiled
+    from flaggems.runtime import RUNTIME
+
+    x = torch.randn(6, 3, device=flaggems.backend().device_type)
+    for entry in ("compiled", "python", "compiled"):
+        monkeypatch.setenv("FLAGGEMS_ENTRY", entry)
+        compiled.reset()
+        flaggems.enable()
+        for _ in range(2):
+            with binding.native_scope():
+                want = x.to(torch.float16)
+            assert torch.equal(x.to(torch.float16), want)
+        if entry == "python":
+            flaggems.disable()
+    stats = RUNTIME.plan_stats()[f"aten::_to_copy@{flaggems.backend().dispatch_key}"]
+    flaggems.disable()
+    compiled.reset()
+    assert stats["miss"] == 1 and stats["replay"] == 1, stats
