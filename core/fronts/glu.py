@@ -1,0 +1,270 @@
+"""``flaggems::silu_mul`` and ``flaggems::gelu_tanh_mul``: the references' semantics, for any kernel.
+
+Both ops are ``act(gate) * up`` (:mod:`flaggems.ops`: ``F.silu(gate) * up``,
+``F.gelu(gate, approximate="tanh") * up``), the product of a gated MLP whose
+two linears give ``gate`` and ``up``. The front owns what every implementation
+must agree on with the reference:
+
+* what a kernel serves (:func:`reason`): ``gate`` and ``up`` of one shape,
+  one dtype of :data:`DTYPES` (the reference promotes mixed dtypes), one
+  device, strided and non-empty, any strides (a merged gate/up projection
+  gives the two halves of one ``[..., 2 * I]`` tensor: row stride ``2 * I``).
+  Other shapes decline: the reference broadcasts them or raises its own error;
+* the output's layout: the one the reference returns, ``act(gate)`` then
+  ``* up`` each laid out by TensorIterator's rules (:func:`output_strides`,
+  metadata only): contiguous for contiguous inputs and for the halves of a
+  merged projection, the inputs' own strides for a dense permuted layout;
+* autograd: with grad mode on and ``gate`` or ``up`` requiring grad, the
+  output comes from :func:`flaggems.autograd.apply` with a ``Derivative``
+  built by :func:`entry` around the implementation's kernels: ``dgate = dy *
+  up * act'(gate)`` and ``dup = dy * act(gate)`` in one launch, each only when
+  needed, laid out like the forward's output. Under ``create_graph=True`` the
+  backward is the reference's own derivative (:func:`differentiable_backward`).
+  Forward-mode AD and functorch transforms decline (the reference handles them).
+
+A kernel provides two functions (see :func:`entry`): ``prepare(shape,
+strides, dtype, activation, needs, device)``, from metadata only, cached here
+per layout, and ``launch(prepared, *tensors)``, which launches it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from .. import autograd
+from ..binding import Decline
+from ..toolkit.layout import remember
+from .group_norm import transformed
+
+#: Dtypes the kernels compute (fp32 math, one rounding).
+DTYPES = frozenset({torch.float16, torch.bfloat16, torch.float32})
+SILU = "silu"
+GELU_TANH = "gelu_tanh"
+#: The op of each activation (its reference is ``flaggems.ops.<op>``).
+OPS = {SILU: "silu_mul", GELU_TANH: "gelu_tanh_mul"}
+
+Strides = tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class Plan:
+    """A validated layout: the output's strides and the kernel's own launch description (``prepare``'s)."""
+
+    out_strides: Strides
+    prepared: Any
+
+
+def reason(gate: torch.Tensor, up: torch.Tensor, dtypes: frozenset[torch.dtype] = DTYPES) -> str | None:
+    """Why a call declines (``None`` when a kernel serves it); reads metadata only."""
+    if gate.dtype not in dtypes:
+        return f"dtype {gate.dtype}"
+    if up.dtype != gate.dtype:
+        return "mixed dtypes (the reference promotes)"
+    if up.device != gate.device:
+        return "tensors on different devices"
+    if gate.layout != torch.strided or up.layout != torch.strided:
+        return "non-strided layout"
+    if gate.shape != up.shape:
+        return "gate and up of different shapes (the reference broadcasts or raises)"
+    if gate.numel() == 0:
+        return "empty input"
+    return None
+
+
+# --------------------------------------------------------------------------- the reference's output layout
+# ``act(gate)`` and ``* up`` are each a TensorIterator whose output layout these functions reproduce for
+# operands of one shape (torch's rules, metadata only): its fast set-up first (every operand contiguous,
+# channels_last, or dense with one layout), else dimensions ordered by the operands' strides.
+def contiguous_strides(shape: Sequence[int]) -> Strides:
+    """torch's contiguous strides of ``shape``."""
+    strides, acc = [0] * len(shape), 1
+    for d in reversed(range(len(shape))):
+        strides[d] = acc
+        acc *= max(shape[d], 1)
+    return tuple(strides)
+
+
+def _contiguous_in(shape: Sequence[int], strides: Sequence[int], order: Sequence[int]) -> bool:
+    """Dense in ``order`` (innermost first), size-1 dimensions ignored: torch's ``is_contiguous(fmt)``."""
+    expected = 1
+    for d in order:
+        if shape[d] != 1:
+            if strides[d] != expected:
+                return False
+            expected *= shape[d]
+    return True
+
+
+def _dense(shape: Sequence[int], strides: Sequence[int]) -> bool:
+    """``is_non_overlapping_and_dense()``."""
+    dims = sorted((d for d in range(len(shape)) if shape[d] >= 2), key=lambda d: strides[d])
+    return _contiguous_in(shape, strides, dims)
+
+
+def _should_swap(shape: Sequence[int], operands: Sequence[Strides], d0: int, d1: int) -> int:
+    """TensorIterator's ``reorder_dimensions`` comparison of dimensions ``d0`` and ``d1``."""
+    for strides in operands:
+        s0, s1 = strides[d0], strides[d1]
+        if s0 == 0 or s1 == 0:
+            continue
+        if s0 != s1:
+            return -1 if s0 < s1 else 1
+        if shape[d0] > shape[d1]:
+            return 1
+    return 0
+
+
+def iterator_strides(shape: Sequence[int], operands: Sequence[Strides]) -> Strides:
+    """The strides TensorIterator gives the output of an elementwise op on operands of ``shape``."""
+    ndim = len(shape)
+    rows_first = tuple(reversed(range(ndim)))
+    if all(_contiguous_in(shape, s, rows_first) for s in operands):
+        return contiguous_strides(shape)
+    if ndim == 4 and all(_contiguous_in(shape, s, (1, 3, 2, 0)) for s in operands):
+        c, h, w = shape[1], shape[2], shape[3]
+        return (h * w * c, 1, w * c, c)
+    if all(_dense(shape, s) for s in operands) and all(s == operands[0] for s in operands):
+        return tuple(operands[-1])
+    perm = list(rows_first)  # innermost first
+    for i in range(1, ndim):
+        d1 = i
+        for d0 in range(i - 1, -1, -1):
+            comparison = _should_swap(shape, operands, perm[d0], perm[d1])
+            if comparison > 0:
+                perm[d0], perm[d1] = perm[d1], perm[d0]
+                d1 = d0
+            elif comparison < 0:
+                break
+    out, acc = [0] * ndim, 1
+    for d in perm:
+        out[d] = acc
+        acc *= shape[d]
+    return tuple(out)
+
+
+def output_strides(shape: Sequence[int], gate_strides: Strides, up_strides: Strides) -> Strides:
+    """The strides of the reference's ``act(gate) * up`` (two TensorIterators)."""
+    activated = iterator_strides(shape, (tuple(gate_strides),))
+    return iterator_strides(shape, (activated, tuple(up_strides)))
+
+
+# --------------------------------------------------------------------------- autograd
+def needs_grad(gate: torch.Tensor, up: torch.Tensor) -> bool:
+    """Whether the call must record a graph (grad mode on, ``gate`` or ``up`` requires grad).
+
+    ``Decline`` under forward-mode AD or a functorch transform: the reference's ops handle those.
+    """
+    if transformed():
+        raise Decline("forward-mode AD or a functorch transform")
+    return torch.is_grad_enabled() and (gate.requires_grad or up.requires_grad)
+
+
+def allocate(like: torch.Tensor, strides: Strides) -> torch.Tensor:
+    """An uninitialised tensor of ``like``'s shape, dtype and device with ``strides``."""
+    return torch.empty_strided(like.shape, strides, dtype=like.dtype, device=like.device)
+
+
+def differentiable_backward(activation: str) -> Callable[..., tuple[torch.Tensor | None, ...]]:
+    """The backward used under ``create_graph``: the reference's derivative, recorded (differentiable again)."""
+    from .. import ops
+
+    reference = getattr(ops, OPS[activation])
+
+    def backward(grad: torch.Tensor | None, gate: torch.Tensor, up: torch.Tensor, out_strides: list[int],
+                 needs: list[bool]) -> tuple[torch.Tensor | None, ...]:
+        """``(dgate, dup)``: the reference recomputed on the saved inputs and differentiated, recorded."""
+        wanted = [t for t, need in zip((gate, up), needs, strict=True) if need]
+        if grad is None or not wanted:
+            return None, None
+        with torch.enable_grad():
+            found = iter(torch.autograd.grad(reference(gate, up), wanted, grad, create_graph=True))
+        return tuple(next(found) if need else None for need in needs)
+
+    return backward
+
+
+# --------------------------------------------------------------------------- the implementation
+Prepare = Callable[[tuple[int, ...], tuple[Strides, ...], torch.dtype, str, tuple[bool, bool] | None, torch.device],
+                   Any]
+Launch = Callable[..., None]
+
+
+def entry(prepare: Prepare, launch: Launch, activation: str, dtypes: frozenset[torch.dtype] = DTYPES,
+          ) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
+    """The ``flaggems::<activation>_mul`` implementation around one forward and one backward kernel.
+
+    ``prepare(shape, strides, dtype, activation, needs, device)`` describes a
+    launch from metadata (called once per layout): the forward when ``needs``
+    is ``None``, strides ``(gate, up, out)``, launched as
+    ``launch(prepared, gate, up, out)``; else the backward, strides ``(dy,
+    gate, up, grads)`` (``dgate`` and ``dup`` share the output's layout) and
+    ``needs = (dgate wanted, dup wanted)``, launched as ``launch(prepared, dy,
+    gate, up, dgate, dup)`` with ``None`` for a gradient not wanted. Only the
+    forward's ``prepare`` may ``Decline`` (a layout the kernel cannot address);
+    the backward's must serve any ``dy`` strides.
+    """
+    name = f"flaggems::{OPS[activation]}"
+    forward_plans: dict[tuple, Plan] = {}
+    backward_plans: dict[tuple, Any] = {}
+
+    def forward_plan(gate: torch.Tensor, up: torch.Tensor) -> Plan:
+        key = (gate.shape, gate.stride(), up.stride(), gate.dtype, up.dtype, gate.device, up.device, up.shape,
+               gate.layout, up.layout)
+        plan = forward_plans.get(key)
+        if plan is None:
+            why = reason(gate, up, dtypes)
+            if why is not None:
+                raise Decline(why)
+            shape, strides = tuple(gate.shape), (tuple(gate.stride()), tuple(up.stride()))
+            out = output_strides(shape, *strides)
+            prepared = prepare(shape, (*strides, out), gate.dtype, activation, None, gate.device)
+            plan = remember(forward_plans, key, Plan(out, prepared))
+        return plan
+
+    def backward(grad: torch.Tensor | None, gate: torch.Tensor, up: torch.Tensor, out_strides: list[int],
+                 needs: list[bool]) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        """``(dgate, dup)`` in one launch, each only where ``needs`` asks (never declines)."""
+        wanted = (bool(needs[0]), bool(needs[1]))
+        if grad is None or not (wanted[0] or wanted[1]):
+            return None, None
+        if grad.is_neg():
+            grad = grad.resolve_neg()
+        key = (grad.shape, grad.stride(), gate.stride(), up.stride(), tuple(out_strides), wanted, gate.dtype,
+               grad.dtype, gate.device)
+        prepared = backward_plans.get(key)
+        if prepared is None:
+            strides = (tuple(grad.stride()), tuple(gate.stride()), tuple(up.stride()), tuple(out_strides))
+            prepared = remember(backward_plans, key, prepare(tuple(gate.shape), strides, gate.dtype, activation,
+                                                             wanted, gate.device))
+        dgate = allocate(gate, tuple(out_strides)) if wanted[0] else None
+        dup = allocate(up, tuple(out_strides)) if wanted[1] else None
+        launch(prepared, grad, gate, up, dgate, dup)
+        return dgate, dup
+
+    derivative = autograd.Derivative(
+        f"{name}_backward",
+        "(Tensor grad, Tensor gate, Tensor up, int[] out_strides, bool[2] needs) -> (Tensor, Tensor)",
+        backward, differentiable_backward(activation))
+
+    def implementation(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+        """``act(gate) * up`` in one launch, recording our backward when a gradient is needed."""
+        plan = forward_plan(gate, up)
+
+        def run() -> tuple[torch.Tensor]:
+            out = allocate(gate, plan.out_strides)
+            launch(plan.prepared, gate, up, out)
+            return (out,)
+
+        if not needs_grad(gate, up):
+            return run()[0]
+        return autograd.apply(derivative, run, outputs=1, differentiable=(gate, up),
+                              args=(autograd.Grad(0), gate, up, list(plan.out_strides), autograd.NEEDS))
+
+    implementation.__name__ = OPS[activation]
+    implementation.__doc__ = f"``{name}``: ``{activation}(gate) * up`` in one launch (see :mod:`{__name__}`)."
+    implementation.derivative = derivative
+    return implementation
