@@ -47,7 +47,7 @@ EXAMPLES = """examples:
   FLAGGEMS_VENDOR=kunlunxin flaggems bench --op copy_ --route untuned
                                                  a vendor's launch policy against the generic one
   flaggems bench --smoke --op copy_              tiny shapes, also without a GPU (timings meaningless)
-  flaggems bench --models --json models.json     real model code (Llama decoder, UNet-style stack), on a GPU
+  flaggems bench --models --json models.json     real model code (Llama/Qwen2 decoders, UNet stack), on a GPU
   flaggems bench --models --only 'unet*' --smoke a tiny model run, also without a GPU
 
 exit status: 0; 1 when a side raised or a result differs from torch's; 2 for a usage problem
@@ -77,8 +77,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dtype", action="append", default=[], metavar="NAME",
                         help="only workloads with this dtype (fp16, bf16, fp32, int64...); repeatable")
     parser.add_argument("--models", action="store_true",
-                        help="time real model code instead (a Llama decoder, a UNet-style stack: "
-                             "flaggems.bench.models); takes --only, --steps, --rounds, --warmup")
+                        help="time real model code instead (Llama and Qwen2 decoders, a UNet-style stack: "
+                             "flaggems.bench.models); takes --only, --side, --steps, --rounds, --warmup")
     add_model_arguments(parser)
 
 
@@ -99,10 +99,14 @@ def add_model_arguments(parser: argparse.ArgumentParser, prefix: str = "with --m
                         help=f"{prefix}timed steps per round (default: as many as take ~200 ms on torch; "
                              "1 with --smoke)")
     parser.add_argument("--rounds", type=_count(1), metavar="N",
-                        help=f"{prefix}timed rounds per side, torch and flaggems interleaved "
-                             "(default 15; 1 with --smoke)")
+                        help=f"{prefix}timed rounds per side, the sides interleaved (default: each workload's, "
+                             "15, or 8 for the *_decode_b* ones, see --list; 1 with --smoke)")
     parser.add_argument("--warmup", type=_count(0), metavar="N",
-                        help=f"{prefix}untimed steps per side before the rounds (default 3; 0 with --smoke)")
+                        help=f"{prefix}untimed steps per side before the rounds (default: each workload's, 3, "
+                             "or 1 for the *_decode_b* ones; 0 with --smoke)")
+    parser.add_argument("--side", action="append", default=[], choices=("flaggems", "patched", "liger"),
+                        help=f"{prefix}time torch against this side only (repeatable; default: flaggems, "
+                             "patched, and liger where liger_kernel is installed)")
 
 
 def _count(least: int) -> Callable[[str], int]:
@@ -131,7 +135,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
         return cmd_models(args)
     model_only = [flag for flag, value in (("--only", args.only), ("--steps", args.steps), ("--rounds", args.rounds),
-                                           ("--warmup", args.warmup)) if value not in (None, [])]
+                                           ("--warmup", args.warmup), ("--side", args.side))
+                  if value not in (None, [])]
     if model_only:
         return _fail(f"{', '.join(model_only)} apply only with --models")
     from . import report, runner, shapes
