@@ -37,6 +37,7 @@ import torch
 
 from .. import autograd
 from ..binding import Decline
+from ..toolkit.iterator_layout import iterator_strides
 from ..toolkit.layout import remember
 from .group_norm import transformed
 
@@ -76,80 +77,12 @@ def reason(gate: torch.Tensor, up: torch.Tensor, dtypes: frozenset[torch.dtype] 
 
 
 # --------------------------------------------------------------------------- the reference's output layout
-# ``act(gate)`` and ``* up`` are each a TensorIterator whose output layout these functions reproduce for
-# operands of one shape (torch's rules, metadata only): its fast set-up first (every operand contiguous,
-# channels_last, or dense with one layout), else dimensions ordered by the operands' strides.
-def contiguous_strides(shape: Sequence[int]) -> Strides:
-    """torch's contiguous strides of ``shape``."""
-    strides, acc = [0] * len(shape), 1
-    for d in reversed(range(len(shape))):
-        strides[d] = acc
-        acc *= max(shape[d], 1)
-    return tuple(strides)
-
-
-def _contiguous_in(shape: Sequence[int], strides: Sequence[int], order: Sequence[int]) -> bool:
-    """Dense in ``order`` (innermost first), size-1 dimensions ignored: torch's ``is_contiguous(fmt)``."""
-    expected = 1
-    for d in order:
-        if shape[d] != 1:
-            if strides[d] != expected:
-                return False
-            expected *= shape[d]
-    return True
-
-
-def _dense(shape: Sequence[int], strides: Sequence[int]) -> bool:
-    """``is_non_overlapping_and_dense()``."""
-    dims = sorted((d for d in range(len(shape)) if shape[d] >= 2), key=lambda d: strides[d])
-    return _contiguous_in(shape, strides, dims)
-
-
-def _should_swap(shape: Sequence[int], operands: Sequence[Strides], d0: int, d1: int) -> int:
-    """TensorIterator's ``reorder_dimensions`` comparison of dimensions ``d0`` and ``d1``."""
-    for strides in operands:
-        s0, s1 = strides[d0], strides[d1]
-        if s0 == 0 or s1 == 0:
-            continue
-        if s0 != s1:
-            return -1 if s0 < s1 else 1
-        if shape[d0] > shape[d1]:
-            return 1
-    return 0
-
-
-def iterator_strides(shape: Sequence[int], operands: Sequence[Strides]) -> Strides:
-    """The strides TensorIterator gives the output of an elementwise op on operands of ``shape``."""
-    ndim = len(shape)
-    rows_first = tuple(reversed(range(ndim)))
-    if all(_contiguous_in(shape, s, rows_first) for s in operands):
-        return contiguous_strides(shape)
-    if ndim == 4 and all(_contiguous_in(shape, s, (1, 3, 2, 0)) for s in operands):
-        c, h, w = shape[1], shape[2], shape[3]
-        return (h * w * c, 1, w * c, c)
-    if all(_dense(shape, s) for s in operands) and all(s == operands[0] for s in operands):
-        return tuple(operands[-1])
-    perm = list(rows_first)  # innermost first
-    for i in range(1, ndim):
-        d1 = i
-        for d0 in range(i - 1, -1, -1):
-            comparison = _should_swap(shape, operands, perm[d0], perm[d1])
-            if comparison > 0:
-                perm[d0], perm[d1] = perm[d1], perm[d0]
-                d1 = d0
-            elif comparison < 0:
-                break
-    out, acc = [0] * ndim, 1
-    for d in perm:
-        out[d] = acc
-        acc *= shape[d]
-    return tuple(out)
-
-
+# ``act(gate)`` and ``* up`` are each a TensorIterator: :mod:`flaggems.toolkit.iterator_layout` gives
+# their outputs' strides.
 def output_strides(shape: Sequence[int], gate_strides: Strides, up_strides: Strides) -> Strides:
     """The strides of the reference's ``act(gate) * up`` (two TensorIterators)."""
-    activated = iterator_strides(shape, (tuple(gate_strides),))
-    return iterator_strides(shape, (activated, tuple(up_strides)))
+    activated = iterator_strides(shape, [(shape, gate_strides)])
+    return tuple(iterator_strides(shape, [(shape, activated), (shape, up_strides)]))
 
 
 # --------------------------------------------------------------------------- autograd
