@@ -246,3 +246,34 @@ def test_kernels_compile_for_the_gpu():
         print("ok")
     """)
     run_compiled(script)
+
+
+def test_rms_norm_goes_to_torch_npus_fused_kernel_and_declines_what_it_does_not_take(ascend, monkeypatch):
+    """``flaggems::rms_norm`` on an NPU: torch_npu's ``npu_rms_norm`` (the stand-in's here) serves plain calls;
+    Gemma's weight offset, a call needing a gradient and a strided input go on to the generic kernels."""
+    import torch_npu
+
+    from flaggems_ascend import rms_norm as ascend_norm
+
+    called = []
+    fused = torch_npu.npu_rms_norm
+
+    def spy(x, gamma, epsilon=1e-6):
+        called.append(tuple(x.shape))
+        return fused(x, gamma, epsilon=epsilon)
+
+    monkeypatch.setattr(torch_npu, "npu_rms_norm", spy)
+    (row,) = flaggems.routes("flaggems::rms_norm")
+    assert row["chain"][:2] == ["ascend", "generic"], row
+    x, w = torch.randn(2, 3, 64, dtype=torch.bfloat16).to(DEV), torch.randn(64, dtype=torch.bfloat16).to(DEV)
+    out = torch.ops.flaggems.rms_norm(x, w, 1e-6)
+    assert called == [(2, 3, 64)]
+    with native_scope():
+        torch.testing.assert_close(out.cpu(), torch.ops.flaggems.rms_norm(x.cpu(), w.cpu(), 1e-6), rtol=2 ** -6,
+                                   atol=2 ** -6)
+    torch.ops.flaggems.rms_norm(x, w, 1e-6, 1.0, False)  # Gemma's offset
+    torch.ops.flaggems.rms_norm(x.transpose(0, 1), w, 1e-6)  # strided
+    assert called == [(2, 3, 64)]
+    reasons = {d["reason"] for d in flaggems.routes("flaggems::rms_norm")[0]["declined"] if d["impl"] == "ascend"}
+    assert any("offset" in r for r in reasons) and any("strided" in r for r in reasons), reasons
+    assert ascend_norm.reason(x.requires_grad_(), w, 0.0).startswith("a gradient is needed")

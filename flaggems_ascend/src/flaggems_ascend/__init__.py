@@ -36,8 +36,13 @@ def flaggems_backends() -> tuple[Backend, ...]:
 
 @hookimpl
 def flaggems_operators(backend: Backend) -> tuple[OpImpl, ...]:
-    """Ascend's index_copy kernels (:mod:`flaggems_ascend.index_copy`), tried before the generic ones."""
+    """Ascend's index_copy kernels (:mod:`flaggems_ascend.index_copy`) and torch_npu's fused RMSNorm
+    (:mod:`flaggems_ascend.rms_norm`), tried before the generic ones."""
     common = {"vendor": "ascend", "replayable": True, "dtypes": ("float16", "bfloat16", "float32", "ints", "bool")}
     module = "flaggems_ascend.index_copy"
+    norm = "flaggems_ascend.rms_norm"
     return (OpImpl("index_copy_", f"{module}:index_copy_", supports=f"{module}:supports_in_place", **common),
-            OpImpl("index_copy", f"{module}:index_copy", supports=f"{module}:supports_out_of_place", **common))
+            OpImpl("index_copy", f"{module}:index_copy", supports=f"{module}:supports_out_of_place", **common),
+            # torch_npu's fused RMSNorm kernel (a torch operator: served on the entry's Python path)
+            OpImpl("flaggems::rms_norm", f"{norm}:rms_norm", supports=f"{norm}:supports", vendor="ascend",
+                   dtypes=("float16", "bfloat16", "float32")))

@@ -60,6 +60,14 @@ def _device_module() -> SimpleNamespace:
     )
 
 
+def npu_rms_norm(x: torch.Tensor, gamma: torch.Tensor, epsilon: float = 1e-6) -> tuple[torch.Tensor, torch.Tensor]:
+    """Stand-in for torch_npu's fused RMSNorm: ``(x * rsqrt(mean(x**2) + eps) * gamma, rstd)``, computed in
+    float32 and rounded once to ``x``'s dtype (as the CANN kernel does); rstd in float32."""
+    xf = x.float()
+    rstd = torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + epsilon)
+    return (xf * rstd * gamma.float()).to(x.dtype), rstd
+
+
 def _install() -> None:
     if getattr(torch, "npu", None) is not None:
         return
