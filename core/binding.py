@@ -532,6 +532,7 @@ class Binding:
         from .planner import build_planner
 
         DECLINES.clear()
+        use_compiled = compiled_entry is not None and not channels
         prepared = []
         for op, route in routes.items():
             if not route.chain:
@@ -539,16 +540,15 @@ class Binding:
             chain = resolve_chain(route)
             for key in self._keys_for(op):
                 native = NativeKernel.capture(op, key)
-                entry = build_entry(op, chain, native, channels, gate=True, autograd_key=key.startswith("Autograd"))
+                # The compiled entry checks unservable calls in C++ before its Python entry is reached.
+                entry = build_entry(op, chain, native, channels, gate=not use_compiled,
+                                    autograd_key=key.startswith("Autograd"))
                 prepared.append((op, key, chain, entry, native))
-        use_compiled = compiled_entry is not None and not channels
         if use_compiled:
             registry = compiled_entry.Registry()
-            for op, key, chain, _, native in prepared:
+            for op, key, chain, entry, native in prepared:
                 namespace, qualified = namespace_of(op)
                 name, _, overload = qualified.partition(".")
-                # The compiled entry checks unservable calls in C++ before its Python entry is reached.
-                entry = build_entry(op, chain, native, frozenset())
                 registry.add(f"{namespace}::{name}", overload, key, entry,
                              build_planner(chain, native, goes_native_test(native), op), PLAN_CAPACITY,
                              PLAN_FREE_MISSES, PLAN_RETRY_EVERY)

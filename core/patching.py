@@ -205,13 +205,13 @@ def _layer_forward(layer: nn.Module) -> Callable[..., torch.Tensor]:
     return forward
 
 
+_ROTARY_OP = ops.overload("rotary_embedding")
+
+
 def _rotary(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
             unsqueeze_dim: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
     """``apply_rotary_pos_emb`` of the patched modeling modules, through ``flaggems::rotary_embedding``."""
     return _ROTARY_OP(q, k, cos, sin, unsqueeze_dim, False)
-
-
-_ROTARY_OP: Any = None
 
 
 def _rotary_reason(attention: nn.Module) -> str | None:
@@ -259,12 +259,10 @@ def patch(model: nn.Module) -> PatchReport:
     ``flaggems.enable()`` routes the fused operators to the kernels; without
     it (or where they decline) they run their torch references.
     """
-    global _ROTARY_OP
     report = PatchReport(type(model).__name__)
     if getattr(model, UNDO, None) is not None:
         report.already = True
         return report
-    _ROTARY_OP = ops.overload("rotary_embedding")
     undo = _Undo()
     layer_norms: set[int] = set()
     for name, module in model.named_modules():

@@ -20,7 +20,7 @@ from __future__ import annotations
 import importlib
 import pkgutil
 import zlib
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -128,27 +128,33 @@ class Item:
         return f"{self.op}[{self.label}]-{self.case.name}"
 
 
-def collect(ops: list[str] | None = None) -> list[Item]:
-    """Every (op, installed implementation, case) for the active backend."""
+def installed(ops: Iterable[str] | None = None) -> list[tuple[str, str, Callable[..., Any], Callable[..., Any] | None]]:
+    """Every ``(op, label, fn, supports)`` installed for the active backend (the backend's dtype limits hold
+    for the kits as for routing: ``supports`` declines them)."""
     from ..binding import dtype_gate
     from ..policy import default_links
     from ..runtime import RUNTIME
     from ..types import resolve_callable
 
-    items = []
+    wanted = None if ops is None else set(ops)
     active = RUNTIME.active_backend()
     banned = frozenset(getattr(torch, name) for name in active.backend.unsupported_dtypes)
-    links = default_links(RUNTIME.implementations(), active)
-    for op, chain in sorted(links.items()):
-        if ops is not None and op not in ops:
+    found = []
+    for op, chain in sorted(default_links(RUNTIME.implementations(), active).items()):
+        if wanted is not None and op not in wanted:
             continue
         for link in chain:
             supports = None if link.impl.supports is None else resolve_callable(link.impl.supports)
-            if banned:  # the backend's dtype limits hold for the kit as for routing
+            if banned:
                 supports = dtype_gate(banned, active.name, supports)
-            fn = resolve_callable(link.impl.fn)
-            items.extend(Item(op, link.label, fn, supports, case) for case in cases_for(op))
-    return items
+            found.append((op, link.label, resolve_callable(link.impl.fn), supports))
+    return found
+
+
+def collect(ops: list[str] | None = None) -> list[Item]:
+    """Every (op, installed implementation, case) for the active backend."""
+    return [Item(op, label, fn, supports, case) for op, label, fn, supports in installed(ops)
+            for case in cases_for(op)]
 
 
 def device() -> torch.device:

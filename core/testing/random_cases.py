@@ -74,25 +74,13 @@ class Target:
 
 def targets(ops: list[str] | None = None, impl: str | None = None) -> list[Target]:
     """Every (op, installed implementation) for the active backend, as :func:`~flaggems.testing.collect` sees
-    them (the backend's dtype limits included)."""
-    from ..binding import dtype_gate
-    from ..policy import default_links, normalize_op
-    from ..runtime import RUNTIME
-    from ..types import resolve_callable
+    them (the backend's dtype limits included); ``impl``: only that implementation label."""
+    from ..policy import normalize_op
+    from . import installed
 
-    wanted = None if ops is None else {normalize_op(op) for op in ops}
-    active = RUNTIME.active_backend()
-    banned = frozenset(getattr(torch, name) for name in active.backend.unsupported_dtypes)
-    found = []
-    for op, chain in sorted(default_links(RUNTIME.implementations(), active).items()):
-        for link in chain:
-            if (wanted is not None and op not in wanted) or impl not in (None, link.label):
-                continue
-            supports = None if link.impl.supports is None else resolve_callable(link.impl.supports)
-            if banned:
-                supports = dtype_gate(banned, active.name, supports)
-            found.append(Target(op, link.label, resolve_callable(link.impl.fn), supports))
-    return found
+    wanted = None if ops is None else [normalize_op(op) for op in ops]
+    return [Target(op, label, fn, supports) for op, label, fn, supports in installed(wanted)
+            if impl in (None, label)]
 
 
 @dataclass(frozen=True)
@@ -281,11 +269,10 @@ def _cpu_error(op: str, args: tuple, kwargs: dict) -> Outcome | None:
 # -- implementation side ----------------------------------------------------------------------------------------
 
 def gate(args: tuple, kwargs: dict) -> str | None:
-    """The dispatcher's central gate (:func:`flaggems.binding.unservable`) where this flaggems has it."""
-    from .. import binding
+    """The dispatcher's central gate (:func:`flaggems.binding.unservable`)."""
+    from ..binding import unservable
 
-    unservable = getattr(binding, "unservable", None)
-    return None if unservable is None else unservable(args, kwargs)
+    return unservable(args, kwargs)
 
 
 def call_impl(target: Target, prep: Prepared) -> Outcome:
