@@ -124,22 +124,25 @@ def _offsets(i0, i1, c, s0, s1, sc, TWO_ROWS: tl.constexpr, UNIT: tl.constexpr, 
 
 
 @triton.jit
-def _activation(x, ACT: tl.constexpr):
-    """``silu(x)`` (``ACT == 0``) or ``gelu_tanh(x)`` in fp32 (see the module docstring)."""
+def _exponent(x, ACT: tl.constexpr):
+    """``u`` with ``act(x) = x / (1 + exp(u))``: ``-x`` for silu (``ACT == 0``), ``-2z`` for gelu_tanh."""
     if ACT == 0:
         u = -x
     else:
         u = x * (_GELU_C1 + _GELU_C3 * x * x)
-    return x / (1.0 + tl.exp(u))
+    return u
+
+
+@triton.jit
+def _activation(x, ACT: tl.constexpr):
+    """``silu(x)`` (``ACT == 0``) or ``gelu_tanh(x)`` in fp32 (see the module docstring)."""
+    return x / (1.0 + tl.exp(_exponent(x, ACT)))
 
 
 @triton.jit
 def _activation_grad(x, ACT: tl.constexpr):
     """``(act(x), act'(x))`` in fp32."""
-    if ACT == 0:
-        u = -x
-    else:
-        u = x * (_GELU_C1 + _GELU_C3 * x * x)
+    u = _exponent(x, ACT)
     e = tl.exp(u)
     s = 1.0 / (1.0 + e)
     s_rest = tl.where(u <= 0.0, e * s * s, s * (1.0 - s))  # s * (1 - s), exact where e cannot overflow
