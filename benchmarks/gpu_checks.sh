@@ -7,6 +7,7 @@
 # "models" (flaggems bench --models), "probe" (benchmarks/probe.py), "kit" (the randomized conformance kit,
 # KIT_CASES per op, generic and each vendor simulated) and "vendors": each vendor's tests and
 # conformance kit simulated on this GPU, and its bench rows against the generic route or tuning).
+# MODELS_ARGS and BENCH_ARGS pass options to `flaggems bench --models` and `flaggems bench` (e.g. --only, --op).
 set -uo pipefail
 out=${OUT:-gpu-out}; mkdir -p "$out"
 export PYTHONUNBUFFERED=1
@@ -68,11 +69,11 @@ timeout ${SMALL_TIMEOUT:-240} python3 benchmarks/small_calls.py --json "$out/sma
 fi
 if [[ $steps == *" models "* ]]; then
 echo "== models"
-timeout ${MODELS_TIMEOUT:-300} python3 -m flaggems bench --models --json "$out/models.json" >"$out/models.log" 2>&1
+timeout ${MODELS_TIMEOUT:-300} python3 -m flaggems bench --models ${MODELS_ARGS:-} --json "$out/models.json" >"$out/models.log" 2>&1
 echo "models exit $?"; tail -40 "$out/models.log"
 fi
 if [[ $steps == *" bench "* ]]; then
 echo "== bench"
-timeout 300 python3 -m flaggems bench --json "$out/bench.json" --plot "$out/bench.png" >"$out/bench.log" 2>&1
+timeout ${BENCH_TIMEOUT:-300} python3 -m flaggems bench ${BENCH_ARGS:-} --json "$out/bench.json" --plot "$out/bench.png" >"$out/bench.log" 2>&1
 echo "bench exit $?"; tail -80 "$out/bench.log"
 fi
