@@ -13,6 +13,7 @@ Order (no subprocesses, no kernel compiles):
 
 from __future__ import annotations
 
+import difflib
 import os
 import sys
 from collections.abc import Mapping, Sequence
@@ -43,6 +44,26 @@ NVIDIA = Backend("nvidia", vendor="nvidia", device_type="cuda", dispatch_key="CU
 CPU_INTERPRETER = Backend("cpu", vendor="cpu", device_type="cpu", dispatch_key="CPU",
                           probe=probe_cpu, description="Triton interpreter on the CPU")
 BUILTIN = (NVIDIA, CPU_INTERPRETER)
+
+#: The first-party vendor packages: backend name -> (distribution, its folder in the source tree).
+FIRST_PARTY = {
+    "ascend": ("flaggems-ascend", "flaggems_ascend"),
+    "kunlunxin": ("flaggems-kunlunxin", "flaggems_kunlunxin"),
+    "hygon": ("flaggems-hygon", "flaggems_hygon"),
+}
+
+
+def unknown_backend_message(requested: str, known: Sequence[str]) -> str:
+    """Why ``FLAGGEMS_VENDOR=requested`` names no backend, and what to do about it."""
+    message = f"FLAGGEMS_VENDOR={requested!r} is not a known backend; valid: {', '.join(sorted(known))}"
+    package = FIRST_PARTY.get(requested)
+    if package is not None and requested not in known:
+        dist, folder = package
+        return (f"{message}. The {requested} backend comes with the {dist} plugin, which is not installed: "
+                f"pip install ./{folder} in the flaggems source tree (or pip install {dist} where its wheel "
+                "is published)")
+    close = difflib.get_close_matches(requested, sorted({*known, *FIRST_PARTY}), n=2)
+    return f"{message}; did you mean {' or '.join(close)}?" if close else message
 
 
 @dataclass(frozen=True)
@@ -111,10 +132,7 @@ def select(vendor_backends: Sequence[Backend], requested: str = "",
     answers = dict(probes)
     if requested:
         if requested not in candidates:
-            raise ValueError(
-                f"FLAGGEMS_VENDOR={requested!r} is not a known backend; "
-                f"valid: {', '.join(sorted(candidates))}"
-            )
+            raise ValueError(unknown_backend_message(requested, list(candidates)))
         chosen = candidates[requested]
         if answers[requested].available:
             return _activate(chosen, False, f"FLAGGEMS_VENDOR={requested}", probes)

@@ -3,11 +3,24 @@
 from __future__ import annotations
 
 import argparse
+import difflib
 import json
 import os
+import re
 import sys
 from collections.abc import Callable, Sequence
 from typing import Any
+
+#: The compiled entry's reason on a machine without the CUDA driver (its launches then go through Python).
+_NO_DRIVER = re.compile(r"no CUDA driver \((?P<detail>[^)]*)\)")
+
+
+def entry_line(entry: dict[str, str], backend: dict[str, Any]) -> str:
+    """``entry: ...`` of ``flaggems info``; without a CUDA driver on a CPU backend, said as the normal state it is."""
+    reason = entry["reason"]
+    if backend["device_type"] == "cpu" and backend["interpreter"]:
+        reason = _NO_DRIVER.sub("CPU only: this machine has no CUDA driver, as expected without a GPU", reason)
+    return f"entry: {entry['active']}  ({reason})"
 
 
 def _print_info(data: dict[str, Any]) -> None:
@@ -27,7 +40,7 @@ def _print_info(data: dict[str, Any]) -> None:
         label = "reason" if plugin["status"] == "skipped" else "error"
         error = f"  {label}: {plugin['error']}" if plugin["error"] else ""
         print(f"  {plugin['status']:<7} {plugin['name']:<12} {plugin['entry_point']:<36} {dist}{error}")
-    print(f"entry: {data['entry']['active']}  ({data['entry']['reason']})")
+    print(entry_line(data["entry"], backend))
     if data["tuning"]:
         print("tuning (plugins' launch policies in force):")
         for key, values in data["tuning"].items():
@@ -52,13 +65,29 @@ def _print_routes(rows: list[dict[str, Any]]) -> None:
             print(f"  note: {note}")
 
 
+def _report_invalid(problems: dict[str, str]) -> int:
+    """Each variable ``enable()`` would refuse, on stderr; 2 when there is one, else 0."""
+    for message in problems.values():
+        print(f"flaggems: error: {message}", file=sys.stderr)
+    if problems:
+        print(f"flaggems: enable() would refuse this configuration ({', '.join(problems)}); see flaggems env",
+              file=sys.stderr)
+    return 2 if problems else 0
+
+
 def cmd_info(args: argparse.Namespace) -> int:
-    """Show the backend, why each probe said yes or no, and every plugin."""
+    """Show the backend, why each probe said yes or no, and every plugin (exit 2 on an invalid variable)."""
     import flaggems
 
+    from . import config
+
     data = flaggems.info()
-    print(json.dumps(data, indent=2)) if args.json else _print_info(data)
-    return 0
+    problems = config.problems()
+    if args.json:
+        print(json.dumps({**data, "invalid_variables": problems}, indent=2))
+    else:
+        _print_info(data)
+    return _report_invalid(problems)
 
 
 def cmd_routes(args: argparse.Namespace) -> int:
@@ -67,24 +96,29 @@ def cmd_routes(args: argparse.Namespace) -> int:
 
     rows = flaggems.routes(args.op)
     if args.op and not rows:
-        print(f"no implementation routes {args.op!r}: it runs natively", file=sys.stderr)
+        known = [row["op"] for row in flaggems.routes()]
+        close = difflib.get_close_matches(args.op, known, n=3)
+        hint = f"; did you mean {' or '.join(close)}?" if close else f"; routed ops: {', '.join(known) or 'none'}"
+        print(f"no implementation routes {args.op!r}: it runs natively{hint}", file=sys.stderr)
         return 1
     print(json.dumps(rows, indent=2)) if args.json else _print_routes(rows)
     return 0
 
 
 def cmd_env(args: argparse.Namespace) -> int:
-    """List every FLAGGEMS_* variable (Markdown table with --markdown)."""
+    """List every FLAGGEMS_* variable (Markdown table with --markdown); exit 2 when a value is invalid."""
     from . import config
 
     if args.markdown:
         print(config.markdown_table())
         return 0
+    problems = config.problems()
     for var in config.REGISTRY.values():
-        print(f"{var.name} ({var.kind}, default {var.default!r}) = {config.current(var.name)}: {var.doc}")
+        mark = "  INVALID: enable() refuses it" if var.name in problems else ""
+        print(f"{var.name} ({var.kind}, default {var.default!r}) = {config.current(var.name)}{mark}: {var.doc}")
     for name in config.unknown_names():
         print(f"warning: unknown variable {name} is set", file=sys.stderr)
-    return 0
+    return _report_invalid(problems)
 
 
 KIT_ENTRIES = {"both": ("compiled", "python"), "compiled": ("compiled",), "python": ("python",)}
@@ -98,8 +132,46 @@ def _print_tally(tally: Any) -> None:
         print("    FAILED " + text.replace("\n", "\n    "), flush=True)
 
 
+def other_backends_implementing(ops: Sequence[str]) -> dict[str, list[str]]:
+    """``{op: [backend, ...]}``: the installed vendor backends, other than the active one, implementing ``op``."""
+    from .policy import normalize_op
+    from .runtime import RUNTIME
+    from .types import OpImpl
+
+    wanted = {normalize_op(op) for op in ops}
+    active = RUNTIME.active_backend().name
+    found: dict[str, list[str]] = {}
+    for backend in RUNTIME.vendor_backends():
+        if backend.name == active:
+            continue
+        for _, result in RUNTIME.manager.call_each("flaggems_operators", backend=backend):
+            for impl in result if isinstance(result, (list, tuple)) else [result]:
+                op = normalize_op(impl.op) if isinstance(impl, OpImpl) else None
+                if op in wanted and impl.vendor == backend.vendor and backend.name not in found.get(op, []):
+                    found.setdefault(op, []).append(backend.name)
+    return found
+
+
+def _no_target_hint(args: argparse.Namespace) -> str:
+    """Why ``flaggems kit`` found nothing to run, and the command that would run it."""
+    import flaggems
+
+    backend = flaggems.backend().name
+    lines = [f"flaggems kit: no implementation {'of ' + ', '.join(args.op) + ' ' if args.op else ''}"
+             f"{'labelled ' + repr(args.impl) + ' ' if args.impl else ''}is installed for the {backend} backend "
+             "(see flaggems routes)"]
+    for op, names in sorted(other_backends_implementing(args.op or []).items()):
+        lines.append(f"  {op} is implemented for {', '.join(names)}: run it with FLAGGEMS_VENDOR={names[0]} "
+                     f"flaggems kit --op {op}")
+    return "\n".join(lines)
+
+
 def cmd_kit(args: argparse.Namespace) -> int:
-    """Run the randomized conformance kit: every implementation against native torch (exit 1 on a failure)."""
+    """Run the randomized conformance kit: every implementation against native torch.
+
+    Exit 1 on a failure, and when it ran no case at all (nothing installed for the op on this
+    backend, or every case declined): a kit that tested nothing must not pass.
+    """
     from .testing import random_cases
 
     modes = ("direct", *KIT_ENTRIES[args.entry])
@@ -107,15 +179,20 @@ def cmd_kit(args: argparse.Namespace) -> int:
     tallies = random_cases.run_kit(args.cases, args.op, args.seed, modes, args.impl, progress=_print_tally,
                                    seconds=args.seconds)
     if not tallies:
-        print("no implementation matches (see flaggems routes)", file=sys.stderr)
+        print(_no_target_hint(args), file=sys.stderr)
         return 1
     for op in random_cases.idle_ops(tallies):
         print(f"warning: {op}: no implementation ran any case (all declined or none built)")
     failures = [text for tally in tallies for text in tally.failures]
     for text in failures[: args.show]:
         print("FAILED " + text)
-    failed = sum(tally.failed for tally in tallies)
+    failed, ran = sum(t.failed for t in tallies), sum(t.passed + t.failed for t in tallies)
     print(f"{sum(t.passed for t in tallies)} passed, {sum(t.declined for t in tallies)} declined, {failed} failed")
+    tested = sorted({f"{t.op} [{t.impl}]" for t in tallies if t.passed + t.failed})
+    if not ran:
+        print("flaggems kit: no case ran: nothing was tested", file=sys.stderr)
+        return 1
+    print(f"implementations tested: {', '.join(tested)}")
     return 1 if failed else 0
 
 
@@ -186,6 +263,7 @@ def _add_extra_commands(sub: Any) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``flaggems`` console script."""
+    from . import userwarn
     from .manager import PluginError
 
     parser = build_parser()
@@ -195,7 +273,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     handler = COMMANDS[args.command][0]
     try:
-        return handler(args)
+        with userwarn.command_line():  # flaggems' warnings as one line each, no source line under them
+            return handler(args)
     except BrokenPipeError:  # `flaggems info | head`: the reader left; say nothing more
         sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - Python flushes stdout at exit
         return 0

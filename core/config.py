@@ -149,16 +149,31 @@ def current(name: str, environ: Mapping[str, str] | None = None) -> str:
     return repr(env[name]) if name in env else "(not set)"
 
 
-def validate(environ: Mapping[str, str] | None = None) -> None:
-    """Parse every set variable now, so a bad value fails ``enable()`` with its name, not a later op call."""
+def problems(environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """``{name: error}`` of every set variable whose value ``enable()`` would refuse (empty: all valid).
+
+    The one set of rules: :func:`validate` raises the first of them, ``flaggems env``
+    marks each and ``flaggems info`` reports them.
+    """
     env = os.environ if environ is None else environ
+    found: dict[str, str] = {}
     for var in REGISTRY.values():
         if var.name in env:
-            var.read(env)
-    channels = REGISTRY["FLAGGEMS_LOG"].read(env)
-    unknown = [c for c in channels if c not in LOG_CHANNELS]
-    if unknown:
-        raise ValueError(f"FLAGGEMS_LOG: unknown channel(s) {unknown}; known: {', '.join(LOG_CHANNELS)}")
+            try:
+                var.read(env)
+            except ValueError as exc:
+                found[var.name] = str(exc)
+    if "FLAGGEMS_LOG" not in found:
+        unknown = [c for c in REGISTRY["FLAGGEMS_LOG"].read(env) if c not in LOG_CHANNELS]
+        if unknown:
+            found["FLAGGEMS_LOG"] = f"FLAGGEMS_LOG: unknown channel(s) {unknown}; known: {', '.join(LOG_CHANNELS)}"
+    return found
+
+
+def validate(environ: Mapping[str, str] | None = None) -> None:
+    """Parse every set variable now, so a bad value fails ``enable()`` with its name, not a later op call."""
+    for message in problems(environ).values():
+        raise ValueError(message)
 
 
 #: ``FLAGGEMS_OP_flaggems__rms_norm`` names flaggems' own ``flaggems::rms_norm`` (``::`` spelled ``__`` too).

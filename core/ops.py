@@ -31,6 +31,9 @@ a patched model keeps its results within the dtype's tolerance:
   the two halves) or, ``interleaved``, GPT-J's rotation of each pair.
 * ``silu_mul(gate, up)``: ``silu(gate) * up``; ``gelu_tanh_mul(gate, up)``:
   ``gelu(gate, approximate="tanh") * up`` (Gemma).
+* ``group_norm_silu(input, num_groups, weight=None, bias=None, eps=1e-5)``:
+  ``silu(group_norm(input, num_groups, weight, bias, eps))``, the GroupNorm
+  then SiLU of diffusers' ``ResnetBlock2D`` (twice a block in a UNet).
 """
 
 from __future__ import annotations
@@ -51,6 +54,8 @@ SCHEMAS = {
                         "bool interleaved=False) -> (Tensor, Tensor)",
     "silu_mul": "silu_mul(Tensor gate, Tensor up) -> Tensor",
     "gelu_tanh_mul": "gelu_tanh_mul(Tensor gate, Tensor up) -> Tensor",
+    "group_norm_silu": "group_norm_silu(Tensor input, int num_groups, Tensor? weight=None, Tensor? bias=None, "
+                       "float eps=1e-05) -> Tensor",
 }
 
 
@@ -99,8 +104,14 @@ def gelu_tanh_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     return F.gelu(gate, approximate="tanh") * up
 
 
+def group_norm_silu(input: torch.Tensor, num_groups: int, weight: torch.Tensor | None = None,
+                    bias: torch.Tensor | None = None, eps: float = 1e-5) -> torch.Tensor:
+    """The reference of ``flaggems::group_norm_silu``: ``silu(group_norm(input))`` (a UNet block's norm, activation)."""
+    return F.silu(F.group_norm(input, num_groups, weight, bias, eps))
+
+
 REFERENCES = {"rms_norm": rms_norm, "add_rms_norm": add_rms_norm, "rotary_embedding": rotary_embedding,
-              "silu_mul": silu_mul, "gelu_tanh_mul": gelu_tanh_mul}
+              "silu_mul": silu_mul, "gelu_tanh_mul": gelu_tanh_mul, "group_norm_silu": group_norm_silu}
 
 _LOCK = threading.Lock()
 _LIBRARY: list[torch.library.Library] = []

@@ -1,4 +1,4 @@
-"""``flaggems.patch(model)``: a transformers decoder's layers through flaggems' fused operators.
+"""``flaggems.patch(model)``: a transformers decoder's layers (or a diffusers UNet's) through fused operators.
 
 A Llama/Qwen/Mistral/Gemma decoder layer spells out in ~40 torch calls what
 five fused operators (:mod:`flaggems.ops`) do in a handful, and a decode step
@@ -14,6 +14,21 @@ per module instance (never a class, never a parameter):
 * the attention's rotary embedding (the modeling module's
   ``apply_rotary_pos_emb``, shared by every model of that module while one
   is patched): ``flaggems::rotary_embedding`` for q and k in one call.
+
+and in a diffusers UNet (``UNet2DConditionModel`` and every model built of
+its blocks):
+
+* each ``ResnetBlock2D`` whose norms are ``nn.GroupNorm`` and whose
+  nonlinearity is SiLU, where its ``forward`` is the known form: both
+  GroupNorm-then-SiLU pairs become ``flaggems::group_norm_silu`` (with
+  ``time_embedding_norm="scale_shift"`` the second norm is followed by the
+  time scale and shift, so only the first pair is fused); the nonlinearity
+  keeps serving the time embedding;
+* the UNet's output ``conv_norm_out`` then ``conv_act`` (SiLU): one
+  ``flaggems::group_norm_silu``, ``conv_act`` becoming the identity.
+
+The attention blocks' GroupNorm is followed by a projection, not an
+activation: nothing there to fuse with it.
 
 Modules are recognised by class name and checked by structure (attributes,
 the activation, the ``forward``'s source for the layer); anything else is
@@ -76,6 +91,28 @@ _LAYER_SOURCE_HAS = ("residual = hidden_states", "self.input_layernorm(hidden_st
                      "hidden_states = residual + hidden_states", "self.post_attention_layernorm(hidden_states)",
                      "self.mlp(hidden_states)", "return hidden_states")
 _LAYER_SOURCE_LACKS = ("outputs", "feedforward_layernorm", "dropout")
+#: diffusers' ResNet blocks of the pre-norm form: GroupNorm, SiLU, conv, twice (checked against their source).
+RESNETS = frozenset({"ResnetBlock2D"})
+#: What a ResnetBlock2D's ``forward`` must say (whitespace folded) for the patched forward to be equivalent.
+_RESNET_SOURCE_HAS = (
+    "hidden_states = self.norm1(hidden_states) hidden_states = self.nonlinearity(hidden_states)",
+    "input_tensor = self.upsample(input_tensor) hidden_states = self.upsample(hidden_states)",
+    "input_tensor = self.downsample(input_tensor) hidden_states = self.downsample(hidden_states)",
+    "hidden_states = self.conv1(hidden_states)", "temb = self.nonlinearity(temb)",
+    "temb = self.time_emb_proj(temb)[:, :, None, None]", "hidden_states = hidden_states + temb",
+    "hidden_states = self.norm2(hidden_states)", "time_scale, time_shift = torch.chunk(temb, 2, dim=1)",
+    "hidden_states = hidden_states * (1 + time_scale) + time_shift",
+    "hidden_states = self.nonlinearity(hidden_states) hidden_states = self.dropout(hidden_states) "
+    "hidden_states = self.conv2(hidden_states)",
+    "input_tensor = self.conv_shortcut(input_tensor)",
+    "output_tensor = (input_tensor + hidden_states) / self.output_scale_factor",
+)
+#: ``time_embedding_norm`` of the blocks: both norms fused, or (scale and shift between) the first only.
+_RESNET_FUSED = {"default": "group_norm_silu (resnet block)",
+                 "scale_shift": "group_norm_silu (resnet block, norm1 only: scale_shift)"}
+#: diffusers UNets whose ``forward`` ends in ``conv_norm_out`` then ``conv_act`` (then ``conv_out``).
+UNETS = frozenset({"UNet2DConditionModel", "UNet2DModel"})
+_UNET_SOURCE_HAS = "sample = self.conv_norm_out(sample) sample = self.conv_act(sample)"
 
 
 @dataclass
@@ -205,6 +242,93 @@ def _layer_forward(layer: nn.Module) -> Callable[..., torch.Tensor]:
     return forward
 
 
+def _folded_source(cls: type) -> str | None:
+    """``cls.forward``'s source with white space folded, or ``None`` where it is not available."""
+    try:
+        return " ".join(inspect.getsource(cls.forward).split())
+    except (OSError, TypeError):
+        return None
+
+
+def _silu_after_group_norm(norm: Any, act: Any) -> str | None:
+    """Why ``norm`` then ``act`` is not a GroupNorm followed by SiLU (``None`` when it is)."""
+    if not isinstance(norm, nn.GroupNorm):
+        return f"{type(norm).__name__} is not an nn.GroupNorm"
+    if not isinstance(act, nn.SiLU):
+        return f"activation {type(act).__name__} is not SiLU"
+    return None
+
+
+def _resnet_reason(block: nn.Module) -> str | None:
+    for name in ("norm1", "norm2"):
+        reason = _silu_after_group_norm(getattr(block, name, None), getattr(block, "nonlinearity", None))
+        if reason is not None:
+            return f"{name}: {reason}"
+    if getattr(block, "time_embedding_norm", None) not in _RESNET_FUSED:
+        return f"time_embedding_norm {getattr(block, 'time_embedding_norm', None)!r} is not one flaggems knows"
+    source = _folded_source(type(block))
+    if source is None:
+        return "its forward's source is not available to check"
+    missing = [text for text in _RESNET_SOURCE_HAS if text not in source]
+    return f"its forward is not the form flaggems knows (lacks {missing[0]!r})" if missing else None
+
+
+def _group_norm_silu(norm: nn.GroupNorm, x: torch.Tensor) -> torch.Tensor:
+    """``silu(norm(x))`` in one ``flaggems::group_norm_silu`` call."""
+    return _GROUP_NORM_SILU(x, norm.num_groups, norm.weight, norm.bias, norm.eps)
+
+
+def _resnet_forward(block: nn.Module) -> Callable[..., torch.Tensor]:
+    """``ResnetBlock2D.forward`` with its GroupNorm-then-SiLU pairs fused (the same steps otherwise)."""
+    original = type(block).forward
+    both = block.time_embedding_norm == "default"
+
+    def forward(input_tensor: torch.Tensor, temb: torch.Tensor | None, *args: Any, **kwargs: Any) -> torch.Tensor:
+        if args or kwargs.get("scale") is not None:  # the deprecated ``scale``: the class's forward warns about it
+            return original(block, input_tensor, temb, *args, **kwargs)
+        hidden = _group_norm_silu(block.norm1, input_tensor)
+        if block.upsample is not None:
+            if hidden.shape[0] >= 64:  # as diffusers: its nearest upsampling fails on large channels_last batches
+                input_tensor, hidden = input_tensor.contiguous(), hidden.contiguous()
+            input_tensor, hidden = block.upsample(input_tensor), block.upsample(hidden)
+        elif block.downsample is not None:
+            input_tensor, hidden = block.downsample(input_tensor), block.downsample(hidden)
+        hidden = block.conv1(hidden)
+        if block.time_emb_proj is not None:
+            temb = block.time_emb_proj(temb if block.skip_time_act else block.nonlinearity(temb))[:, :, None, None]
+        if both:
+            hidden = _group_norm_silu(block.norm2, hidden if temb is None else hidden + temb)
+        else:
+            if temb is None:
+                raise ValueError(" `temb` should not be None when `time_embedding_norm` is scale_shift")
+            scale, shift = torch.chunk(temb, 2, dim=1)
+            hidden = block.nonlinearity(block.norm2(hidden) * (1 + scale) + shift)
+        hidden = block.conv2(block.dropout(hidden))
+        if block.conv_shortcut is not None:
+            input_tensor = block.conv_shortcut(input_tensor.contiguous() if block.training else input_tensor)
+        return (input_tensor + hidden) / block.output_scale_factor
+
+    return forward
+
+
+def _unet_reason(unet: nn.Module) -> str | None:
+    reason = _silu_after_group_norm(getattr(unet, "conv_norm_out", None), getattr(unet, "conv_act", None))
+    if reason is not None:
+        return f"conv_norm_out/conv_act: {reason}"
+    source = _folded_source(type(unet))
+    if source is None:
+        return "its forward's source is not available to check"
+    if _UNET_SOURCE_HAS not in source or source.count("self.conv_act(") != 1:
+        return "its forward does not end in conv_norm_out then conv_act alone"
+    return None
+
+
+def _identity(x: torch.Tensor) -> torch.Tensor:
+    """The forward of an activation whose work the norm before it does (``flaggems::group_norm_silu``)."""
+    return x
+
+
+_GROUP_NORM_SILU = ops.overload("group_norm_silu")
 _ROTARY_OP = ops.overload("rotary_embedding")
 
 
@@ -253,7 +377,8 @@ def _restore_functions(functions: list[tuple[str, str]]) -> None:
 
 
 def patch(model: nn.Module) -> PatchReport:
-    """Route a transformers decoder's layers through flaggems' fused operators (see the module docstring).
+    """Route a transformers decoder's layers, or a diffusers UNet's blocks, through flaggems' fused operators
+    (see the module docstring).
 
     Returns a :class:`PatchReport`. Patching does not enable flaggems:
     ``flaggems.enable()`` routes the fused operators to the kernels; without
@@ -303,9 +428,25 @@ def patch(model: nn.Module) -> PatchReport:
                 report.patched["rotary_embedding (attention)"] += 1
             else:
                 report.skipped.append((name, f"{cls}: {reason}"))
+        elif cls in RESNETS:
+            reason = _resnet_reason(module)
+            if reason is None:
+                _set_forward(module, _resnet_forward(module), "resnet_block", undo)
+                report.patched[_RESNET_FUSED[module.time_embedding_norm]] += 1
+            else:
+                report.skipped.append((name, f"{cls}: {reason}"))
+        elif cls in UNETS and getattr(module, "conv_norm_out", None) is not None:
+            reason = _unet_reason(module)
+            if reason is None:
+                norm = module.conv_norm_out
+                _set_forward(norm, lambda x, norm=norm: _group_norm_silu(norm, x), "group_norm_silu", undo)
+                _set_forward(module.conv_act, _identity, "fused_into_norm", undo)
+                report.patched["group_norm_silu (unet output)"] += 1
+            else:
+                report.skipped.append((name, f"{cls}: {reason}"))
     if not report.patched:
-        report.skipped.append(("", "no module of a family flaggems knows (Llama, Mistral, Qwen2, Qwen3, Gemma); "
-                                   "the model is left untouched"))
+        report.skipped.append(("", "no module of a family flaggems knows (Llama, Mistral, Qwen2, Qwen3, Gemma; "
+                                   "diffusers' ResnetBlock2D); the model is left untouched"))
         return report
     # A model freed without unpatch() gives its module functions back too (the finalizer holds no model).
     undo.release = weakref.finalize(model, _restore_functions, list(undo.functions))

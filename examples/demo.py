@@ -71,6 +71,8 @@ def _fused(dev: torch.device) -> list[tuple[str, Callable[[], Any]]]:
     k = torch.randn(2, 3, 2 * 16, device=dev).view(2, 3, 2, 16).transpose(1, 2)
     angles = torch.randn(2, 3, 16, device=dev)
     gate, up = torch.randn(2, 3, 96, device=dev), torch.randn(2, 3, 96, device=dev)
+    blocks = torch.randn(2, 40, 5, 7, device=dev).to(memory_format=torch.channels_last)
+    norm_weight, norm_bias = torch.randn(40, device=dev), torch.randn(40, device=dev)
     ops = torch.ops.flaggems
     rows = [
         ("flaggems::rms_norm bf16 (Llama's rounding)", lambda: ops.rms_norm(hidden, weight, 1e-6)),
@@ -79,6 +81,8 @@ def _fused(dev: torch.device) -> list[tuple[str, Callable[[], Any]]]:
             q, k, angles.cos(), angles.sin())])),
         ("flaggems::silu_mul", lambda: ops.silu_mul(gate, up)),
         ("flaggems::gelu_tanh_mul", lambda: ops.gelu_tanh_mul(gate, up)),
+        ("flaggems::group_norm_silu channels_last G8 (UNet)",
+         lambda: ops.group_norm_silu(blocks, 8, norm_weight, norm_bias)),
     ]
     try:
         import transformers

@@ -40,7 +40,7 @@ def rows(results: Sequence[Result]) -> list[tuple[str, ...]]:
             if side == TORCH:
                 continue
             w = r.workload
-            out.append((w.op, w.name, w.dtype, side, _num(base.kernel_us), _num(m.kernel_us),
+            out.append((w.op, r.label, w.dtype, side, _num(base.kernel_us), _num(m.kernel_us),
                         _num(r.speedup(side), "x"), _num(base.wall_us), _num(m.wall_us),
                         _num(r.speedup(side, "wall_us"), "x"), _num(base.gbps), _num(m.gbps), _ok(r, side),
                         m.ran or "-"))
@@ -81,7 +81,7 @@ def problems(results: Sequence[Result]) -> list[str]:
     found = []
     for r in results:
         for side, m in r.sides.items():
-            where = f"{r.workload.op} {r.workload.name} {r.workload.dtype} [{side}]"
+            where = f"{r.workload.op} {r.label} {r.workload.dtype} [{side}]"
             if m.error:
                 found.append(f"error: {where}: {m.error}")
             elif m.match is False:
@@ -150,7 +150,7 @@ def write_plot(path: str, results: Sequence[Result], meta: dict[str, Any]) -> No
     for i, side in enumerate(routes):
         _bars(ax, results, side, i * height, height, f"C{i}")
     ax.set_yticks([y + height * (len(routes) - 1) / 2 for y in range(len(results))],
-                  [f"{r.workload.op}: {r.workload.name} {r.workload.dtype}" for r in results], fontsize=7)
+                  [f"{r.workload.op}: {r.label} {r.workload.dtype}" for r in results], fontsize=7)
     ax.set_ylim(len(results) - 0.5 + height * (len(routes) - 1), -0.5)
     ax.axvline(1.0, color="black", linewidth=0.8)
     ax.set_xscale("log")

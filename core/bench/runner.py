@@ -32,7 +32,7 @@ from typing import Any
 import torch
 
 import flaggems
-from flaggems import config
+from flaggems import config, policy
 from flaggems import log as fg_log
 from flaggems.runtime import RUNTIME
 
@@ -131,6 +131,11 @@ class Result:
         return num / den if num and den else None
 
     @property
+    def label(self) -> str:
+        """The workload's name with the sizes that ran (the smoke sizes in a smoke run)."""
+        return self.workload.label(self.smoke)
+
+    @property
     def failed(self) -> bool:
         """A side raised, or a flaggems side's result differs from torch's."""
         return any(m.error or m.match is False for m in self.sides.values())
@@ -140,7 +145,8 @@ class Result:
         w = self.workload
         others = [s for s in self.sides if s != TORCH]
         return {
-            "op": w.op, "workload": w.name, "dtype": w.dtype, "routes": list(w.routes), "source": w.source,
+            "op": w.op, "workload": w.name, "label": self.label, "dtype": w.dtype, "routes": list(w.routes),
+            "source": w.source,
             "params": {k: _plain(v) for k, v in (w.smoke if self.smoke else w.params).items()},
             "bytes": self.bytes_moved,
             "sides": {name: asdict(m) for name, m in self.sides.items()},
@@ -226,20 +232,34 @@ def flaggems_off() -> Iterator[None]:
             flaggems.enable(*previous)
 
 
+def implemented(routes: Sequence[str]) -> tuple[str, ...]:
+    """The ops of ``routes`` some installed plugin implements on the active backend.
+
+    A workload names every aten op its call may reach (``unfold`` on a backend
+    where only PrivateUse1 routes it, ``clone``, a plugin's op with its plugin
+    absent); only those with an implementation go to ``enable(include=...)``,
+    which warns about the others, as it should for a user's list.
+    """
+    have = policy.default_links(RUNTIME.implementations(), RUNTIME.active_backend())
+    return tuple(op for op in routes if policy.normalize_op(op) in have)
+
+
 @contextlib.contextmanager
 def side_scope(side: str, routes: Sequence[str] | None, log: bool = False) -> Iterator[None]:
     """Run the block as ``side``: natively, or with ``routes`` sent to flaggems (``None``: every routed op).
 
     A forced route sets ``FLAGGEMS_FORCE`` around the enable. The per-call log
     channels are decided at enable(), so they are on only when ``log`` asks.
+    Of ``routes``, only the ops an installed plugin implements are included (see :func:`implemented`).
     """
     if side == TORCH:
         with flaggems_off():
             yield
         return
+    include = None if routes is None else implemented(routes)
     force = {"FLAGGEMS_FORCE": side} if side in FORCED_ROUTES else {}
     tuning = RUNTIME.without_vendor_tuning() if side == UNTUNED else contextlib.nullcontext()
-    with tuning, environ(FLAGGEMS_LOG=_log_setting(log), **force), flaggems.enabled(include=routes):
+    with tuning, environ(FLAGGEMS_LOG=_log_setting(log), **force), flaggems.enabled(include=include):
         yield
 
 
@@ -458,7 +478,7 @@ def run_workload(workload: Workload, side_names: Sequence[str], target: Target, 
                  step: Callable[[str], None] | None = None) -> Result:
     """Every side of one workload; a side that raises is recorded, not fatal."""
     if step is not None:
-        step(f"{workload.op} {workload.name} {workload.dtype}")
+        step(f"{workload.op} {workload.label(timing.smoke)} {workload.dtype}")
     run = _WorkloadRun(workload, target, timing)
     for side in side_names:
         run.attempt(side, functools.partial(run.probe, side))

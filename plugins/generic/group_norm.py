@@ -53,6 +53,14 @@ per call only its allocations run.
 A strided weight (``randn(3C)[::3]``) is read through its strides: the backward
 equals an independent float64 composite to 1e-12, where torch's CUDA kernel
 differs by ~1e-4 (it reads the weight as dense; tests/test_generic_group_norm.py).
+
+``flaggems::group_norm_silu`` (:mod:`.group_norm_silu`) runs these kernels
+with their ``SILU`` flag (:func:`group_norm_silu_forward`,
+:func:`group_norm_silu_backward`): the normalize kernel applies SiLU before its
+one rounding (and, when a gradient is needed, copies each channel's weight and
+bias into the fp32 statistics it keeps: ``SAVE_AFFINE``); the backward kernels
+read ``dy * silu'(z)`` wherever they read ``dy``, recomputing ``z`` from ``x``
+and those statistics. Without the flag nothing of it is compiled in.
 """
 
 # ruff: noqa: N803 - constexpr parameters are UPPER_CASE, as in every Triton kernel
@@ -73,6 +81,9 @@ from flaggems.fronts.group_norm import suggest_memory_format
 from flaggems.toolkit import FastLauncher, cdiv, collapse_dims, context, next_pow2, tuning
 from flaggems.toolkit.jit_helpers import hint16 as _hint16
 from flaggems.toolkit.jit_helpers import index_type as _index
+from flaggems.toolkit.layout import remember
+
+from .glu import _activation, _activation_grad  # SiLU and its derivative (the glu kernels' ``ACT == 0``)
 
 FLOAT_DTYPES = front.DTYPES  # re-exported, as HALF_DTYPES
 
@@ -346,8 +357,9 @@ def _normalize_kernel(x, y, w, b, ws, mean_out, rstd_out, C: tl.int64, S: tl.int
                       stat_at: tl.int64, groups: tl.int64, eps: tl.float64,
                       BLOCK_C: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_J: tl.constexpr, X_UNIT: tl.constexpr,
                       Y_UNIT: tl.constexpr, SPATIAL2: tl.constexpr, ALIGNED: tl.constexpr, HAS_W: tl.constexpr,
-                      HAS_B: tl.constexpr, FUSED: tl.constexpr, INT64: tl.constexpr, F64: tl.constexpr):
-    """``y = ((x - mean_hi) - mean_lo) * (rstd * w) + b`` on one ``[BLOCK_C, BLOCK_S]`` tile.
+                      HAS_B: tl.constexpr, FUSED: tl.constexpr, INT64: tl.constexpr, F64: tl.constexpr,
+                      SILU: tl.constexpr = False, SAVE_AFFINE: tl.constexpr = False):
+    """``y = ((x - mean_hi) - mean_lo) * (rstd * w) + b`` on one ``[BLOCK_C, BLOCK_S]`` tile; ``silu(y)`` with ``SILU``.
 
     ``x - mean_hi`` is exact for ``x`` near the mean (Sterbenz), so an offset
     costs no accuracy, where ``x * a + (b - mean * a)`` rounds two terms of
@@ -355,6 +367,10 @@ def _normalize_kernel(x, y, w, b, ws, mean_out, rstd_out, C: tl.int64, S: tl.int
     4e-7 this way). ``FUSED``: the tile's groups are merged here from the partials (step 2
     folded in; the first spatial block of a group's first channel writes
     ``mean_out``/``rstd_out``); otherwise they are read from ``ws``.
+    ``SAVE_AFFINE`` (``group_norm_silu`` when a gradient is needed): the first
+    spatial block of sample 0 also writes each channel's weight and bias, in
+    fp32 (1 and 0 when absent), after the ``groups`` rstd values of ``rstd_out``,
+    for the backward's recomputation of the SiLU's input (:func:`_silu_affine`).
     """
     n, c, cmask, sb, s, mask, group = _elementwise_tile(_index(tl.program_id(0), INT64), C, S, D, G, cblocks,
                                                         sblocks, BLOCK_C, BLOCK_S, ALIGNED, INT64)
@@ -374,32 +390,75 @@ def _normalize_kernel(x, y, w, b, ws, mean_out, rstd_out, C: tl.int64, S: tl.int
         mean = tl.load(ws + at, mask=cmask, other=0.0)
         scale = tl.load(ws + NG + at, mask=cmask, other=0.0)
         lo = tl.load(ws + 2 * NG + at, mask=cmask, other=0.0)
+    weight = tl.zeros_like(scale) + 1.0
     if HAS_W:
-        scale *= _acc(tl.load(w + c, mask=cmask, other=0.0), F64)
+        weight = _acc(tl.load(w + c, mask=cmask, other=0.0), F64)
+        scale *= weight
     x_offs = _offsets(n, c, s, x_sn, x_sc, x_s0, x_s1, S0, X_UNIT, SPATIAL2, ALIGNED, INT64)
     v = _acc(tl.load(x + x_offs, mask=mask, other=0.0), F64)
     out = ((v - mean[:, None]) - lo[:, None]) * scale[:, None]
+    shift = tl.zeros_like(scale)
     if HAS_B:
-        out += _acc(tl.load(b + c, mask=cmask, other=0.0), F64)[:, None]
+        shift = _acc(tl.load(b + c, mask=cmask, other=0.0), F64)
+        out += shift[:, None]
+    if SILU:
+        out = _activation(out, 0)
+    if SAVE_AFFINE:
+        keeper = cmask & (c * 0 + n + sb == 0)  # sample 0, first spatial block: each channel once
+        affine = rstd_out + _index(groups, INT64) + c
+        tl.store(affine, weight.to(rstd_out.dtype.element_ty), mask=keeper)
+        tl.store(affine + _index(C, INT64), shift.to(rstd_out.dtype.element_ty), mask=keeper)
     y_offs = _offsets(n, c, s, y_sn, y_sc, y_s0, y_s1, S0, Y_UNIT, SPATIAL2, ALIGNED, INT64)
     tl.store(y + y_offs, out.to(y.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _silu_affine(stats, group, c, cmask, C, groups, SILU: tl.constexpr, F64: tl.constexpr):
+    """``(a, shift)`` per channel ``c``, with which ``z = (x - mean) * a + shift`` (``SILU``; zeros otherwise).
+
+    ``stats`` is ``group_norm_silu``'s packed fp32 buffer ``[mean | rstd |
+    weight | bias]`` (``groups`` values each for the first two, ``C`` for the
+    others: the forward's ``SAVE_AFFINE``).
+    """
+    a = _acc(tl.zeros_like(c), F64)
+    shift = a
+    if SILU:
+        rstd = _acc(tl.load(stats + groups + group, mask=cmask, other=0.0), F64)
+        at = stats + 2 * groups + c
+        a = rstd * _acc(tl.load(at, mask=cmask, other=0.0), F64)
+        shift = _acc(tl.load(at + C, mask=cmask, other=0.0), F64)
+    return a, shift
+
+
+@triton.jit
+def _silu_grad(g, v, mu, a, shift):
+    """``dy * silu'(z)`` for the ``[BLOCK_C, BLOCK_S]`` tile of ``x`` values ``v``, ``z = (v - mu) * a + shift``."""
+    _, slope = _activation_grad((v - mu[:, None]) * a[:, None] + shift[:, None], 0)
+    return g * slope
 
 
 @triton.jit(do_not_specialize=_NO_SPECIALIZE)
 def _bwd_reduce_kernel(dy, x, mean, ws, C: tl.int64, S: tl.int64, S0: tl.int64, D: tl.int64, G: tl.int64,
                        dy_sn: tl.int64, dy_sc: tl.int64, dy_s0: tl.int64, dy_s1: tl.int64,
                        x_sn: tl.int64, x_sc: tl.int64, x_s0: tl.int64, x_s1: tl.int64,
-                       cblocks: tl.int64, K: tl.int64, chunk_tiles: tl.int64, b_at: tl.int64,
+                       cblocks: tl.int64, K: tl.int64, chunk_tiles: tl.int64, b_at: tl.int64, groups: tl.int64,
                        BLOCK_C: tl.constexpr, BLOCK_S: tl.constexpr, DY_UNIT: tl.constexpr, X_UNIT: tl.constexpr,
                        SPATIAL2: tl.constexpr, ALIGNED: tl.constexpr, INT64: tl.constexpr,
-                  F64: tl.constexpr):
-    """Per channel of one chunk: ``sum(dy * (x - mean))`` and ``sum(dy)`` into ``ws``."""
+                       F64: tl.constexpr, SILU: tl.constexpr = False):
+    """Per channel of one chunk: ``sum(dy * (x - mean))`` and ``sum(dy)`` into ``ws``.
+
+    ``SILU``: ``dy`` is the gradient of ``silu(z)``, ``z`` the group norm's
+    output: the sums are of ``dz = dy * silu'(z)``, ``z`` recomputed from ``x``
+    (``mean`` is then the packed fp32 statistics of :func:`_silu_affine`).
+    """
     n, cb, k = _split3(_index(tl.program_id(0), INT64), _index(K, INT64), _index(cblocks, INT64))
     C, S, S0 = _hint16(_index(C, INT64), ALIGNED), _hint16(_index(S, INT64), ALIGNED), _index(S0, INT64)
     D, G = _index(D, INT64), _index(G, INT64)
     c = cb * BLOCK_C + tl.arange(0, BLOCK_C)
     cmask = c < C
-    mu = _acc(tl.load(mean + n * G + c // D, mask=cmask, other=0.0), F64)
+    group = n * G + c // D
+    mu = _acc(tl.load(mean + group, mask=cmask, other=0.0), F64)
+    a, shift = _silu_affine(mean, group, c, cmask, C, _index(groups, INT64), SILU, F64)
     centred = _acc(tl.zeros([BLOCK_C, BLOCK_S], tl.float32), F64)
     plain = centred
     s_begin = k * _index(chunk_tiles, INT64) * BLOCK_S
@@ -410,6 +469,8 @@ def _bwd_reduce_kernel(dy, x, mean, ws, C: tl.int64, S: tl.int64, S0: tl.int64, 
         x_offs = _offsets(n, c, s, x_sn, x_sc, x_s0, x_s1, S0, X_UNIT, SPATIAL2, ALIGNED, INT64)
         g = _acc(tl.load(dy + dy_offs, mask=mask, other=0.0), F64)
         v = _acc(tl.load(x + x_offs, mask=mask, other=0.0), F64)
+        if SILU:
+            g = _silu_grad(g, v, mu, a, shift)
         centred += tl.where(mask, g * (v - mu[:, None]), 0.0)
         plain += g
     at = (n * C + c) * _index(K, INT64) + k
@@ -507,12 +568,13 @@ def _bwd_dx_kernel(dy, x, dx, w, mean, rstd, ws, dw, db, C: tl.int64, S: tl.int6
                    BLOCK_N: tl.constexpr, BLOCK_CF: tl.constexpr, BLOCK_K: tl.constexpr, DY_UNIT: tl.constexpr,
                    X_UNIT: tl.constexpr, DX_UNIT: tl.constexpr, SPATIAL2: tl.constexpr, ALIGNED: tl.constexpr,
                    HAS_W: tl.constexpr, HAS_DW: tl.constexpr, HAS_DB: tl.constexpr, FUSED: tl.constexpr,
-                   INT64: tl.constexpr, F64: tl.constexpr):
+                   INT64: tl.constexpr, F64: tl.constexpr, SILU: tl.constexpr = False):
     """``dx = rstd * w * dy + q * x + o`` on one ``[BLOCK_C, BLOCK_S]`` tile per program ``< dx_programs``.
 
     ``FUSED`` (step 2 folded in): each tile merges its groups' ``q, o`` from
     the partial sums, and the programs past ``dx_programs`` compute
     ``dweight``/``dbias``; otherwise ``q, o`` are read from ``ws``.
+    ``SILU``: ``dy`` is replaced by ``dy * silu'(z)``, as in :func:`_bwd_reduce_kernel`.
     """
     pid = _index(tl.program_id(0), INT64)
     if pid < _index(dx_programs, INT64):
@@ -533,6 +595,10 @@ def _bwd_dx_kernel(dy, x, dx, w, mean, rstd, ws, dw, db, C: tl.int64, S: tl.int6
         x_offs = _offsets(n, c, s, x_sn, x_sc, x_s0, x_s1, inner, X_UNIT, SPATIAL2, ALIGNED, INT64)
         g = _acc(tl.load(dy + dy_offs, mask=mask, other=0.0), F64)
         v = _acc(tl.load(x + x_offs, mask=mask, other=0.0), F64)
+        if SILU:
+            mu = _acc(tl.load(mean + group, mask=cmask, other=0.0), F64)
+            a, shift = _silu_affine(mean, group, c, cmask, _index(C, INT64), _index(groups, INT64), SILU, F64)
+            g = _silu_grad(g, v, mu, a, shift)
         out = p[:, None] * g + q[:, None] * v + o[:, None]
         dx_offs = _offsets(n, c, s, dx_sn, dx_sc, dx_s0, dx_s1, inner, DX_UNIT, SPATIAL2, ALIGNED, INT64)
         tl.store(dx + dx_offs, out.to(dx.dtype.element_ty), mask=mask)
@@ -674,7 +740,10 @@ def _dense(param: torch.Tensor | None) -> torch.Tensor | None:
 # --------------------------------------------------------------------------- forward
 @dataclass(frozen=True)
 class ForwardPlan:
-    """Everything a forward call launches, computed once per input layout."""
+    """Everything a forward call launches, computed once per input layout.
+
+    ``stats_size``: elements of ``group_norm_silu``'s packed fp32 statistics (0 for the aten op).
+    """
 
     y_format: torch.memory_format
     stat_dtype: torch.dtype
@@ -684,14 +753,15 @@ class ForwardPlan:
     stats: tuple[FastLauncher, tuple[int, ...], tuple[int, ...]]
     finalize: tuple[FastLauncher, tuple[int, ...], tuple[int, ...]] | None
     normalize: tuple[FastLauncher, tuple[int, ...], tuple[int, ...]]
+    stats_size: int = 0
 
 
 _FORWARD_PLANS: dict[tuple, ForwardPlan] = {}
-_PLAN_LIMIT = 1024
 
 
 def _forward_plan(x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None, N: int, C: int,
-                  HxW: int, group: int) -> ForwardPlan:
+                  HxW: int, group: int, silu: bool = False, save_affine: bool = False) -> ForwardPlan:
+    """The launches of one layout; ``silu``: ``group_norm_silu``'s (``save_affine``: keep what its backward reads)."""
     y_format = suggest_memory_format(x)
     y_meta = torch.empty_like(x, device="meta", memory_format=y_format)
     layout = plan_layout((x, y_meta), N, C, HxW)
@@ -701,6 +771,7 @@ def _forward_plan(x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tens
         layout = plan_layout((y_meta, y_meta), N, C, HxW)
     tiling = plan_tiling(N, C, HxW, layout.channel_inner, x.device)
     f64 = x.dtype == torch.float64
+    acc_dtype = torch.float64 if f64 else torch.float32
     K, NG, D = tiling.K, N * group, C // group
     m2_at, stat_at = N * C * K, 3 * N * C * K
     chunk = tiling.chunk_tiles * tiling.block_s
@@ -717,20 +788,38 @@ def _forward_plan(x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tens
                     (C, HxW, D, group, K, chunk, m2_at, stat_at, NG, xs[0], xs[1]))
     normalize = _launcher(_normalize_kernel, X_UNIT=layout.units[0], Y_UNIT=layout.units[1],
                           HAS_W=weight is not None, HAS_B=bias is not None, FUSED=fused,
-                          BLOCK_J=next_pow2(D * K) if fused else 1, **tile, **common)
+                          BLOCK_J=next_pow2(D * K) if fused else 1, SILU=silu, SAVE_AFFINE=save_affine, **tile,
+                          **common)
     return ForwardPlan(
-        y_format, front.stat_dtype(x, (weight, bias)), torch.float64 if f64 else torch.float32,
+        y_format, acc_dtype if silu else front.stat_dtype(x, (weight, bias)), acc_dtype,
         stat_at if fused else stat_at + 3 * NG, x_contiguous,
         (stats, (N * tiling.cblocks * K,),
          (C, HxW, layout.S0, *xs, tiling.cblocks, K, tiling.chunk_tiles, m2_at, D)),
         finalize,
         (normalize, (N * tiling.cblocks * tiling.sblocks,),
          (C, HxW, layout.S0, D, group, *xs, *ys, tiling.cblocks, tiling.sblocks, K, chunk, m2_at, stat_at, NG)),
+        stats_size=2 * NG + (2 * C if save_affine else 0) if silu else 0,
     )
 
 
 def _param_key(p: torch.Tensor | None) -> tuple | None:
     return None if p is None else (p.shape, p.dtype, p.device)
+
+
+def _launch_forward(plan: ForwardPlan, input: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None,
+                    y: torch.Tensor, mean: torch.Tensor, rstd: torch.Tensor, eps: float) -> None:
+    """The plan's launches: ``y``, ``mean`` and ``rstd`` filled."""
+    x = input if plan.x_contiguous is None else input.contiguous(memory_format=plan.x_contiguous)
+    ws = torch.empty(plan.ws_size, dtype=plan.acc_dtype, device=input.device)
+    eps = float(eps)
+    stats, grid0, args0 = plan.stats
+    stats(grid0, x, ws, *args0)
+    if plan.finalize is not None:
+        finalize, grid1, args1 = plan.finalize
+        finalize(grid1, x, ws, mean, rstd, *args1, eps)
+    normalize, grid2, args2 = plan.normalize
+    normalize(grid2, x, y, x if weight is None else _dense(weight), x if bias is None else _dense(bias), ws, mean,
+              rstd, *args2, eps)
 
 
 def native_group_norm(input: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None, N: int, C: int,
@@ -751,22 +840,30 @@ def native_group_norm(input: torch.Tensor, weight: torch.Tensor | None, bias: to
     plan = _FORWARD_PLANS.get(key)
     if plan is None:
         front.check_forward(input, weight, bias, N, C, HxW, group, dense_only=dense_only)
-        if len(_FORWARD_PLANS) >= _PLAN_LIMIT:
-            _FORWARD_PLANS.clear()
-        plan = _FORWARD_PLANS[key] = _forward_plan(input, weight, bias, N, C, HxW, group)
-    x = input if plan.x_contiguous is None else input.contiguous(memory_format=plan.x_contiguous)
+        plan = remember(_FORWARD_PLANS, key, _forward_plan(input, weight, bias, N, C, HxW, group))
     y, mean, rstd = front.allocate_forward(input, N, group, plan.y_format, plan.stat_dtype)
-    ws = torch.empty(plan.ws_size, dtype=plan.acc_dtype, device=input.device)
-    eps = float(eps)
-    stats, grid0, args0 = plan.stats
-    stats(grid0, x, ws, *args0)
-    if plan.finalize is not None:
-        finalize, grid1, args1 = plan.finalize
-        finalize(grid1, x, ws, mean, rstd, *args1, eps)
-    normalize, grid2, args2 = plan.normalize
-    normalize(grid2, x, y, x if weight is None else _dense(weight), x if bias is None else _dense(bias), ws, mean,
-              rstd, *args2, eps)
+    _launch_forward(plan, input, weight, bias, y, mean, rstd, eps)
     return y, mean, rstd
+
+
+def group_norm_silu_forward(input: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None, N: int,
+                            C: int, HxW: int, group: int, eps: float, y: torch.Tensor, save: bool) -> torch.Tensor:
+    """``y = silu(group_norm(input))`` in the same launches as the aten op; returns the packed statistics.
+
+    The call was checked by :mod:`flaggems.fronts.group_norm_silu`; ``y`` is
+    laid out in the input's suggested memory format. The statistics are one
+    fp32 tensor ``[mean | rstd]`` (``N * group`` each), followed with ``save``
+    by each channel's weight and bias in fp32 (what :func:`group_norm_silu_backward`
+    reads to recompute the SiLU's input ``z``: the forward's normalize writes them).
+    """
+    key = ("silu", input.shape, input.stride(), input.dtype, input.device, _param_key(weight), _param_key(bias), N,
+           C, HxW, group, save)
+    plan = _FORWARD_PLANS.get(key)
+    if plan is None:
+        plan = remember(_FORWARD_PLANS, key, _forward_plan(input, weight, bias, N, C, HxW, group, True, save))
+    stats = torch.empty(plan.stats_size, dtype=plan.acc_dtype, device=input.device)
+    _launch_forward(plan, input, weight, bias, y, stats, stats[N * group:], eps)
+    return stats
 
 
 # --------------------------------------------------------------------------- backward
@@ -794,7 +891,9 @@ _NO_PARAMS = {"BLOCK_N": 1, "BLOCK_CF": 1, "BLOCK_K": 1, "HAS_DW": False, "HAS_D
 
 
 def _backward_plan(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor | None, N: int, C: int, HxW: int,
-                   group: int, mask: tuple[bool, bool, bool], dx_like_input: bool) -> BackwardPlan:
+                   group: int, mask: tuple[bool, bool, bool], dx_like_input: bool, silu: bool = False,
+                   ) -> BackwardPlan:
+    """The launches of one layout and mask; ``silu``: ``group_norm_silu``'s (weights from the packed statistics)."""
     dx_like_x, dx_format = front.dx_format(x, dx_like_input)
     dx_meta = torch.empty_like(x, device="meta") if dx_like_x else torch.empty_like(x, device="meta",
                                                                                       memory_format=dx_format)
@@ -808,12 +907,13 @@ def _backward_plan(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor | Non
     f64 = x.dtype == torch.float64
     K, NG, D = tiling.K, N * group, C // group
     b_at, q_at = N * C * K, 2 * N * C * K
+    has_w = silu or weight is not None
     common = {"INT64": layout.int64, "F64": f64}
     tile = {"BLOCK_C": tiling.block_c, "BLOCK_S": tiling.block_s, "SPATIAL2": layout.spatial2,
             "ALIGNED": layout.aligned}
     xs, dys, dxs = layout.strides
     x_unit, dy_unit, dx_unit = layout.units
-    reduce = _launcher(_bwd_reduce_kernel, DY_UNIT=dy_unit, X_UNIT=x_unit, **tile, **common)
+    reduce = _launcher(_bwd_reduce_kernel, DY_UNIT=dy_unit, X_UNIT=x_unit, SILU=silu, **tile, **common)
     block_k = next_pow2(K)
     spread = next_pow2(cdiv(C, _target_programs(x.device.type, x.device.index or 0)))
     policy = _policy()
@@ -826,15 +926,15 @@ def _backward_plan(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor | Non
     if not fused:
         block_g, block_j = _group_blocks(NG, D * K)
         num_coef = cdiv(NG, block_g) if mask[0] else 0
-        finalize = (_launcher(_bwd_finalize_kernel, BLOCK_G=block_g, BLOCK_J=block_j, HAS_W=weight is not None,
-                              **params, **common),
+        finalize = (_launcher(_bwd_finalize_kernel, BLOCK_G=block_g, BLOCK_J=block_j, HAS_W=has_w, **params,
+                              **common),
                     (num_coef + param_programs,), (C, HxW, D, group, N, K, b_at, q_at, NG, num_coef))
     if mask[0]:
         dx_programs = N * tiling.cblocks * tiling.sblocks
         # Folded: the dx launch's extra programs sum dweight/dbias; otherwise the finalize launch does.
         dx_params = params if fused else _NO_PARAMS
-        dx = (_launcher(_bwd_dx_kernel, DY_UNIT=dy_unit, X_UNIT=x_unit, DX_UNIT=dx_unit, HAS_W=weight is not None,
-                        FUSED=fused, BLOCK_J=next_pow2(D * K) if fused else 1, **dx_params, **tile, **common),
+        dx = (_launcher(_bwd_dx_kernel, DY_UNIT=dy_unit, X_UNIT=x_unit, DX_UNIT=dx_unit, HAS_W=has_w, FUSED=fused,
+                        BLOCK_J=next_pow2(D * K) if fused else 1, SILU=silu, **dx_params, **tile, **common),
               (dx_programs + (param_programs if fused else 0),),
               (C, HxW, layout.S0, D, group, N, K, *dys, *xs, *dxs, tiling.cblocks, tiling.sblocks, b_at, q_at, NG,
                dx_programs))
@@ -842,9 +942,29 @@ def _backward_plan(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor | Non
         dx_like_x, dx_format, torch.float64 if f64 else torch.float32, q_at if fused else q_at + 2 * NG,
         copy_format,
         (reduce, (N * tiling.cblocks * K,),
-         (C, HxW, layout.S0, D, group, *dys, *xs, tiling.cblocks, K, tiling.chunk_tiles, b_at)),
+         (C, HxW, layout.S0, D, group, *dys, *xs, tiling.cblocks, K, tiling.chunk_tiles, b_at, NG)),
         finalize, dx,
     )
+
+
+def _launch_backward(plan: BackwardPlan, grad_out: torch.Tensor, input: torch.Tensor, w: torch.Tensor,
+                     mean: torch.Tensor, rstd: torch.Tensor, dx: torch.Tensor | None, dw: torch.Tensor | None,
+                     db: torch.Tensor | None) -> None:
+    """The plan's launches: every one of ``dx``, ``dw``, ``db`` that is not ``None`` filled."""
+    x, dy = input, grad_out
+    if plan.copy_format is not None:
+        x, dy = x.contiguous(memory_format=plan.copy_format), dy.contiguous(memory_format=plan.copy_format)
+    ws = torch.empty(plan.ws_size, dtype=plan.acc_dtype, device=input.device)
+    reduce, grid0, args0 = plan.reduce
+    reduce(grid0, dy, x, mean, ws, *args0)
+    dw_out, db_out = ws if dw is None else dw, ws if db is None else db
+    if plan.finalize is not None:
+        finalize, grid1, args1 = plan.finalize
+        if grid1[0]:
+            finalize(grid1, ws, w, mean, rstd, dw_out, db_out, *args1)
+    if plan.dx is not None:
+        launch, grid2, args2 = plan.dx
+        launch(grid2, dy, x, dx, w, mean, rstd, ws, dw_out, db_out, *args2)
 
 
 def native_group_norm_backward(grad_out: torch.Tensor, input: torch.Tensor, mean: torch.Tensor, rstd: torch.Tensor,
@@ -867,24 +987,30 @@ def native_group_norm_backward(grad_out: torch.Tensor, input: torch.Tensor, mean
     plan = _BACKWARD_PLANS.get(key)
     if plan is None:
         front.check_backward(grad_out, input, mean, rstd, weight, N, C, HxW, group, mask)
-        if len(_BACKWARD_PLANS) >= _PLAN_LIMIT:
-            _BACKWARD_PLANS.clear()
-        plan = _BACKWARD_PLANS[key] = _backward_plan(grad_out, input, weight, N, C, HxW, group, mask,
-                                                                 dx_like_input)
-    x, dy = input, grad_out
-    if plan.copy_format is not None:
-        x, dy = x.contiguous(memory_format=plan.copy_format), dy.contiguous(memory_format=plan.copy_format)
+        plan = remember(_BACKWARD_PLANS, key, _backward_plan(grad_out, input, weight, N, C, HxW, group, mask,
+                                                             dx_like_input))
     dx, dw, db = front.allocate_backward(input, weight, C, mask, plan.dx_like_x, plan.dx_format)
-    ws = torch.empty(plan.ws_size, dtype=plan.acc_dtype, device=input.device)
-    w = mean if weight is None else _dense(weight)
-    reduce, grid0, args0 = plan.reduce
-    reduce(grid0, dy, x, mean, ws, *args0)
-    dw_out, db_out = ws if dw is None else dw, ws if db is None else db
-    if plan.finalize is not None:
-        finalize, grid1, args1 = plan.finalize
-        if grid1[0]:
-            finalize(grid1, ws, w, mean, rstd, dw_out, db_out, *args1)
-    if plan.dx is not None:
-        launch, grid2, args2 = plan.dx
-        launch(grid2, dy, x, dx, w, mean, rstd, ws, dw_out, db_out, *args2)
+    _launch_backward(plan, grad_out, input, mean if weight is None else _dense(weight), mean, rstd, dx, dw, db)
     return dx, dw, db
+
+
+def group_norm_silu_backward(grad_out: torch.Tensor, input: torch.Tensor, stats: torch.Tensor, N: int, C: int,
+                             HxW: int, group: int, dx: torch.Tensor | None, dweight: torch.Tensor | None,
+                             dbias: torch.Tensor | None) -> None:
+    """The gradients of ``silu(group_norm(input))`` for ``grad_out``: every one of ``dx``, ``dweight``, ``dbias``
+    that is not ``None`` filled (``dx`` laid out as :func:`flaggems.fronts.group_norm.dx_format` says with
+    ``like_input``).
+
+    ``stats``: :func:`group_norm_silu_forward`'s (saved). The aten op's
+    launches, each kernel with ``SILU``: ``dy`` becomes ``dy * silu'(z)`` where
+    it is read, ``z`` recomputed from the input and the packed statistics.
+    """
+    mask = (dx is not None, dweight is not None, dbias is not None)
+    key = ("silu", input.shape, input.stride(), grad_out.shape, grad_out.stride(), input.dtype, input.device,
+           grad_out.device, N, C, HxW, group, mask)
+    plan = _BACKWARD_PLANS.get(key)
+    if plan is None:
+        plan = remember(_BACKWARD_PLANS, key, _backward_plan(grad_out, input, None, N, C, HxW, group, mask, True,
+                                                             silu=True))
+    NG = N * group
+    _launch_backward(plan, grad_out, input, stats[2 * NG:], stats, stats[NG:], dx, dweight, dbias)

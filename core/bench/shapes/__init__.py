@@ -12,7 +12,7 @@ from ..workload import Workload, normalize_dtype
 
 #: Shape modules, in report order (module name == bench op name).
 MODULES = ("copy_", "_to_copy", "index_copy", "index_select", "repeat_interleave", "native_group_norm", "group_norm",
-           "unfold", "rms_norm", "rotary", "glu")
+           "unfold", "rms_norm", "rotary", "glu", "group_norm_silu")
 
 
 def all_workloads() -> list[Workload]:

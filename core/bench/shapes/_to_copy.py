@@ -34,7 +34,8 @@ def case(shape: tuple[int, ...], smoke: tuple[int, ...], src_dtype: torch.dtype,
     layout = "transposed" if transposed else "contiguous"
     common = {"src_dtype": src_dtype, "dst_dtype": dst_dtype, "transposed": transposed}
     return Workload(
-        op=OP, name=f"{layout} {dims(shape)}", dtype=cast_label(src_dtype, dst_dtype), build=build, run=run,
+        op=OP, name=f"{layout} {dims(shape)}", smoke_name=f"{layout} {dims(smoke)}",
+        dtype=cast_label(src_dtype, dst_dtype), build=build, run=run,
         bytes_moved=bytes_moved, routes=ROUTES, source=source,
         params={"shape": shape, **common}, smoke={"shape": smoke, **common},
     )

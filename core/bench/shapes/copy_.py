@@ -50,7 +50,8 @@ def case(view: str, src: tuple[int, ...], dst: tuple[int, ...], smoke_src: tuple
     """One copy workload; ``src``/``dst`` full size, ``smoke_*`` tiny."""
     common: dict[str, Any] = {"view": view, "src_dtype": src_dtype, "dst_dtype": dst_dtype}
     return Workload(
-        op=OP, name=f"{view} {dims(src)} -> {dims(dst)}", dtype=cast_label(src_dtype, dst_dtype),
+        op=OP, name=f"{view} {dims(src)} -> {dims(dst)}", smoke_name=f"{view} {dims(smoke_src)} -> {dims(smoke_dst)}",
+        dtype=cast_label(src_dtype, dst_dtype),
         build=build, run=run, bytes_moved=bytes_moved, routes=ROUTES, source=source,
         params={"src": src, "dst": dst, **common}, smoke={"src": smoke_src, "dst": smoke_dst, **common},
     )

@@ -79,10 +79,11 @@ def bytes_forward_backward(inputs: Inputs) -> int:
 def case(name: str, shape: tuple[int, ...], backward: bool, merged: bool = False) -> Workload:
     """One workload of ``flaggems::<name>`` at ``shape``."""
     forward, forward_backward = _forward(name)
-    label = f"{name} {'fwd+bwd' if backward else 'fwd'}{' merged' if merged else ''} {dims(shape)}"
+    label = f"{name} {'fwd+bwd' if backward else 'fwd'}{' merged' if merged else ''}"
     common = {"merged": merged, "backward": backward}
     return Workload(
-        op=OP, name=label, dtype=dtype_name(DTYPE), build=build, run=forward_backward if backward else forward,
+        op=OP, name=f"{label} {dims(shape)}", smoke_name=f"{label} {dims(SMOKE_SHAPE)}", dtype=dtype_name(DTYPE),
+        build=build, run=forward_backward if backward else forward,
         bytes_moved=bytes_forward_backward if backward else bytes_forward, routes=(f"flaggems::{name}",),
         source="issue 39: decoder MLP shapes", params={"shape": shape, **common},
         smoke={"shape": SMOKE_SHAPE, **common},

@@ -65,9 +65,14 @@ def case(config: tuple[tuple[int, ...], int, int], smoke: tuple[tuple[int, ...],
          dtype: torch.dtype, inplace: bool, sorted_index: bool = False) -> Workload:
     """One index_copy workload (``inplace`` picks ``index_copy_``)."""
     api = "index_copy_" if inplace else "index_copy"
-    (shape, dim, length), kind = config, "sorted" if sorted_index else "random"
+    kind = "sorted" if sorted_index else "random"
+
+    def label(sizes: tuple[tuple[int, ...], int, int]) -> str:
+        shape, dim, length = sizes
+        return f"{api} [{dims(shape)}] dim{dim} idx{length} {kind}"
+
     return Workload(
-        op=OP, name=f"{api} [{dims(shape)}] dim{dim} idx{length} {kind}", dtype=dtype_name(dtype),
+        op=OP, name=label(config), smoke_name=label(smoke), dtype=dtype_name(dtype),
         build=build, run=run_inplace if inplace else run_out_of_place,
         bytes_moved=bytes_inplace if inplace else bytes_out_of_place, routes=(api,),
         source="seed 000" if not sorted_index else "seed 000 (flat copy path)",

@@ -40,7 +40,9 @@ def bytes_moved(inputs: Inputs) -> int:
 
 WORKLOADS: tuple[Workload, ...] = tuple(
     Workload(
-        op=OP, name=f"[{dims(shape)}] dim{dim} idx{shape[dim] // 2}", dtype=dtype_name(dtype), build=build,
+        op=OP, name=f"[{dims(shape)}] dim{dim} idx{shape[dim] // 2}",
+        smoke_name=f"[{dims(smoke_shape)}] dim{smoke_dim} idx{smoke_shape[smoke_dim] // 2}", dtype=dtype_name(dtype),
+        build=build,
         run=run, bytes_moved=bytes_moved, routes=ROUTES, source="peers.md (seed op defects)",
         params={"shape": shape, "dim": dim, "dtype": dtype},
         smoke={"shape": smoke_shape, "dim": smoke_dim, "dtype": dtype},

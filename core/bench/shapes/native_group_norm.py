@@ -72,6 +72,7 @@ def case(config: tuple, backward: bool, op: str = OP, routes: tuple[str, ...] | 
     common = {"dtype": dtype, "channels_last": channels_last, "backward": backward}
     return Workload(
         op=op, name=f"{'fwd+bwd' if backward else 'fwd'} {layout} {dims(shape)} G{groups}",
+        smoke_name=f"{'fwd+bwd' if backward else 'fwd'} {layout} {dims(smoke_shape)} G{smoke_groups}",
         dtype=dtype_name(dtype), build=build, run=forward_backward if backward else forward,
         bytes_moved=bytes_forward_backward if backward else bytes_forward,
         routes=routes or (BWD_ROUTES if backward else FWD_ROUTES), source=source,

@@ -78,7 +78,8 @@ def case(name: str, run: Callable[[Inputs], torch.Tensor], routes: tuple[str, ..
          bytes_moved: Callable[[Inputs], int]) -> Workload:
     """One of the four seed-002 cases."""
     return Workload(
-        op=OP, name=f"{name} {ROWS}->{ITEMS}", dtype="int64", build=build, run=run, bytes_moved=bytes_moved,
+        op=OP, name=f"{name} {ROWS}->{ITEMS}", smoke_name=f"{name} {SMOKE_ROWS}->{SMOKE_ITEMS}", dtype="int64",
+        build=build, run=run, bytes_moved=bytes_moved,
         routes=routes, source="seed 002", params={"rows": ROWS, "items": ITEMS},
         smoke={"rows": SMOKE_ROWS, "items": SMOKE_ITEMS},
     )
@@ -90,7 +91,8 @@ WORKLOADS: tuple[Workload, ...] = (
     case("Tensor dynamic", tensor_dynamic, TENSOR_ROUTES, bytes_tensor),
     case("Tensor output_size", tensor_known, TENSOR_ROUTES, bytes_tensor),
     Workload(
-        op=OP, name=f"self_int {dims((4096, 64))} x4 dim0", dtype="bf16", build=build_self_int,
+        op=OP, name=f"self_int {dims((4096, 64))} x4 dim0", smoke_name=f"self_int {dims((8, 4))} x4 dim0",
+        dtype="bf16", build=build_self_int,
         run=run_self_int, bytes_moved=bytes_self_int, routes=("repeat_interleave.self_int",),
         source="peers.md (seed op defects)", params={"shape": (4096, 64), "repeats": 4, "dim": 0},
         smoke={"shape": (8, 4), "repeats": 4, "dim": 0},

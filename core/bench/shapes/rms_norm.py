@@ -102,7 +102,9 @@ def case(kind: str, backward: bool, batch: int, seq: int, hidden: int,
     run, passes, prefix, routes = KINDS[(kind, backward)]
     common = {"dtype": dtype, "add": kind == "add", "backward": backward}
     return Workload(
-        op=OP, name=f"{prefix} {dims((batch, seq, hidden))}", dtype=dtype_name(dtype), build=build, run=run,
+        op=OP, name=f"{prefix} {dims((batch, seq, hidden))}",
+        smoke_name=f"{prefix} {dims((SMOKE['batch'], SMOKE['seq'], SMOKE['hidden']))}", dtype=dtype_name(dtype),
+        build=build, run=run,
         bytes_moved=_bytes(passes), routes=routes, source="issue 39: decoder RMSNorm (Qwen2-0.5B to Llama-8B)",
         params={"batch": batch, "seq": seq, "hidden": hidden, **common}, smoke={**SMOKE, **common},
     )

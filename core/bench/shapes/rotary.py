@@ -82,9 +82,11 @@ def case(model: tuple[int, int, int, int], tokens: tuple[int, int], backward: bo
     """One workload: a model's attention shapes at one token count, forward or forward+backward."""
     hidden, heads, kv_heads, head_dim = model
     batch, seq = tokens
+    kind = "fwd+bwd" if backward else "fwd"
     return Workload(
-        op=OP, name=f"{'fwd+bwd' if backward else 'fwd'} hidden{hidden} {heads}/{kv_heads}x{head_dim} "
-                    f"tokens {batch}x{seq}",
+        op=OP, name=f"{kind} hidden{hidden} {heads}/{kv_heads}x{head_dim} tokens {batch}x{seq}",
+        smoke_name=f"{kind} hidden{SMOKE['heads'] * SMOKE['head_dim']} {SMOKE['heads']}/{SMOKE['kv_heads']}x"
+                   f"{SMOKE['head_dim']} tokens {SMOKE['batch']}x{SMOKE['seq']}",
         dtype=dtype_name(torch.bfloat16), build=build, run=forward_backward if backward else forward,
         bytes_moved=bytes_forward_backward if backward else bytes_forward, routes=ROUTES,
         source="issue 39 (transformers Llama/Qwen2 attention)",
