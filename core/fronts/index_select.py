@@ -3,8 +3,9 @@
 :func:`prepare` turns the aten arguments into a :class:`Call` or raises
 ``Decline`` where torch raises (an index of rank above 1 or not int32/int64,
 devices, a dtype outside the kernel's set, a non-strided layout, ``dim`` out
-of range, a 0-dim ``self`` with other than one index, indices into an empty
-dimension: the native kernel then raises torch's exact error). It wraps
+of range, a 0-dim ``self`` with other than one index, an empty ``self``
+(nothing to gather, and torch's checks there differ by device): the native
+kernel then gives torch's exact result or error). It wraps
 ``dim``, views a 0-dim ``self`` and index as one-element vectors, checks the
 index range when the checking contract says so (:mod:`flaggems.toolkit.checks`:
 torch's CPU error types and messages, :func:`out_of_range_error`) and
@@ -72,8 +73,9 @@ def prepare(self: torch.Tensor, dim: int, index: torch.Tensor, dtypes: frozenset
     source = self.reshape(1) if self.dim() == 0 else self
     dim = dim % wrap
     size = source.shape[dim]
-    if size == 0 and index.numel():
-        raise Decline("indices into an empty dimension: the native kernel raises torch's error")
+    if source.numel() == 0:
+        # nothing to gather; torch's checks differ by device here (CPU raises RuntimeError for rank >= 2)
+        raise Decline("empty source: the native kernel gives torch's result or error")
     if checks.enabled():
         bad = checks.first_out_of_range(index, size)
         if bad is not None:

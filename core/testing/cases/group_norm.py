@@ -86,6 +86,9 @@ def forward(name: str, shape: tuple[int, ...], group: int, dtype: torch.dtype = 
 
 def _stats(x: torch.Tensor, N: int, group: int, eps: float, dtype: torch.dtype):
     """Mean and rstd of each group, computed in float64 and stored in ``dtype`` (valid backward inputs)."""
+    if N == 0:
+        empty = x.new_empty((0, group), dtype=dtype)
+        return empty, empty.clone()
     grouped = x.double().reshape(N, group, -1)
     mean = grouped.mean(-1)
     rstd = (grouped.var(-1, unbiased=False) + eps).rsqrt()
