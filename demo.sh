@@ -12,6 +12,7 @@ echo "== flaggems info"
 echo "== flaggems routes"
 "$venv/bin/flaggems" routes
 echo "== seed workloads through flaggems"
+echo "(the first enable() builds flaggems' compiled C++ entry once per torch version: about 40-80 s on two CPU cores, cached after that; it is not a hang)"
 "$venv/bin/python" examples/demo.py
 # Each vendor plugin on its own backend: simulated here unless this machine has that vendor's device.
 # Per vendor: the ops whose routes it changes, then the demo workloads of its seed.

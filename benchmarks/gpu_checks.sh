@@ -7,6 +7,7 @@
 # "models" (flaggems bench --models), "probe" (benchmarks/probe.py), "kit" (the randomized conformance kit,
 # KIT_CASES per op, generic and each vendor simulated) and "vendors": each vendor's tests and
 # conformance kit simulated on this GPU, and its bench rows against the generic route or tuning).
+# KIT_JOBS > 1 runs the kit as one process per (op, implementation), that many at once.
 # MODELS_ARGS and BENCH_ARGS pass options to `flaggems bench --models` and `flaggems bench` (e.g. --only, --op).
 set -uo pipefail
 out=${OUT:-gpu-out}; mkdir -p "$out"
@@ -44,7 +45,19 @@ FLAGGEMS_VENDOR=hygon timeout 120 python3 benchmarks/probe.py --only repeat_kern
   >>"$out/vendors_bench.log" 2>&1
 echo "hygon probe exit $?"; grep -E "speedup|geomean|repeat kernels" "$out/vendors_bench.log" | tail -40
 fi
-if [[ $steps == *" kit "* ]]; then
+if [[ $steps == *" kit "* && ${KIT_JOBS:-1} -gt 1 ]]; then
+echo "== randomized conformance kit: one process per op and implementation, $KIT_JOBS at a time"
+for v in ${KIT_VENDORS:-generic ascend kunlunxin hygon}; do  # a vendor's own implementations; generic: all
+  FLAGGEMS_VENDOR=${v/generic/} python3 -c "from flaggems.testing import random_cases as r
+for op, label in sorted({(t.op, t.label) for t in r.targets()}):
+    print('$v', op, label) if '$v' == 'generic' or label != 'generic' else None"
+done >"$out/kit_tasks.txt"
+export out KIT_CASES=${KIT_CASES:-10000} KIT_SECONDS=${KIT_SECONDS:-400} KIT_TIMEOUT=${KIT_TIMEOUT:-450} KIT_ARGS=${KIT_ARGS:-}
+xargs -P "$KIT_JOBS" -L 1 bash -c 'FLAGGEMS_VENDOR=${0/generic/} FLAGGEMS_CHECK_INDICES=1 timeout $KIT_TIMEOUT \
+  python3 -m flaggems kit --op $1 --impl $2 --cases $KIT_CASES --entry compiled --seconds $KIT_SECONDS $KIT_ARGS \
+  >"$out/kit_$0_${1//[:.]/_}_$2.log" 2>&1; echo "$0 $1 $2 exit $?"' <"$out/kit_tasks.txt"
+grep -h -E "^  [^ ].*(passed|failed)|FAILED|Error" "$out"/kit_*.log | sort | uniq | head -80
+elif [[ $steps == *" kit "* ]]; then
 echo "== randomized conformance kit (KIT_CASES per op and implementation, direct and compiled entry)"
 for v in ${KIT_VENDORS:-generic ascend kunlunxin hygon}; do
   vendor=$v; [[ $v == generic ]] && vendor=""

@@ -312,7 +312,8 @@ def build_entry(op: str, chain: Sequence[ResolvedLink], native: NativeKernel,
     """Build the per-op entry point registered with the dispatcher.
 
     The fast variant (one implementation, no ``supports``, no logging) costs a
-    thread-ident lookup, a set add/discard and a ``try``; see the README.
+    thread-ident lookup, a set add/discard and a ``try`` (docs/architecture.md,
+    "Measured numbers", has what the core adds per call).
     ``gate``: the entry first sends calls :func:`unservable` names to the
     native kernel (~0.8 µs a tensor on the CI host; the compiled entry makes
     the same check in C++ at no measurable cost and builds its Python entry

@@ -174,7 +174,7 @@ def cmd_kit(args: argparse.Namespace) -> int:
     """
     from .testing import random_cases
 
-    modes = ("direct", *KIT_ENTRIES[args.entry])
+    modes = (*(() if args.entries_only else ("direct",)), *KIT_ENTRIES[args.entry])
     print(f"flaggems kit: seed {args.seed}, device {random_cases.device()}, modes {', '.join(modes)}")
     tallies = random_cases.run_kit(args.cases, args.op, args.seed, modes, args.impl, progress=_print_tally,
                                    seconds=args.seconds)
@@ -246,6 +246,8 @@ def _add_kit_arguments(cmd: argparse.ArgumentParser) -> None:
     cmd.add_argument("--seed", type=int, default=0, help="seed of the run (each case's seed derives from it)")
     cmd.add_argument("--entry", choices=tuple(KIT_ENTRIES), default="both",
                      help="dispatcher entries to run the cases through, besides calling each implementation")
+    cmd.add_argument("--entries-only", action="store_true",
+                     help="skip calling each implementation directly (a long run through the dispatcher only)")
     cmd.add_argument("--impl", default=None, help="only this implementation label (e.g. generic, ascend)")
     cmd.add_argument("--show", type=int, default=10, help="failures to print in full")
     cmd.add_argument("--seconds", type=float, default=None,

@@ -230,3 +230,17 @@ def test_kit_that_ran_no_case_fails(monkeypatch, capsys):
     monkeypatch.setattr(random_cases, "run_kit", passed)
     assert cli.main(["kit", "--op", "neg"]) == 0
     assert "implementations tested: neg [acme]" in capsys.readouterr().out
+
+
+def test_kit_entries_only_skips_the_direct_calls(monkeypatch, capsys):
+    seen = []
+
+    def record(cases, ops, seed, modes, impl, **kwargs):
+        seen.append(modes)
+        return [random_cases.Tally("neg", "acme", mode, passed=1) for mode in modes]
+
+    monkeypatch.setattr(random_cases, "run_kit", record)
+    assert cli.main(["kit", "--op", "neg", "--entry", "compiled", "--entries-only"]) == 0
+    assert cli.main(["kit", "--op", "neg", "--entry", "compiled"]) == 0
+    assert seen == [("compiled",), ("direct", "compiled")]
+    assert "modes compiled\n" in capsys.readouterr().out

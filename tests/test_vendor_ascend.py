@@ -29,7 +29,7 @@ def ascend(monkeypatch):
     """flaggems enabled with the ascend plugin's kernels (on a GPU too, whatever the shape); the kernel module."""
     from flaggems_ascend import index_copy as kernels
 
-    monkeypatch.setattr(kernels, "PREFER_GENERIC_ON_GPU", False)
+    monkeypatch.setattr(kernels, "generic_is_faster", lambda *args: False)
     with flaggems.enabled():
         yield kernels
 

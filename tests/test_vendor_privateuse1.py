@@ -73,7 +73,7 @@ def test_compiled_entry_replays_on_privateuse1():
 
 @pytest.fixture
 def acme_on_the_npu(runtime, monkeypatch):
-    """The README's third-party plugin (examples/acme_gems), its device being the CPU-backed PrivateUse1 npu.
+    """The vendor guide's plugin (examples/acme_gems), its device being the CPU-backed PrivateUse1 npu.
 
     Only the backend record changes (an Acme device that presents itself as ``npu``); the plugin's
     operators, cases, tuning and variables are the example's own.

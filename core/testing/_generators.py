@@ -395,3 +395,7 @@ GENERATORS: dict[str, Callable[[random.Random, torch.device], Gen]] = {
     "unfold": gen_unfold,
     "unfold_backward": gen_unfold_backward,
 }
+
+from ._generators_fused import FUSED_GENERATORS  # noqa: E402 - it builds on the helpers above
+
+GENERATORS.update(FUSED_GENERATORS)

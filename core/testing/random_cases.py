@@ -217,7 +217,7 @@ def _suggested_format(result: torch.Tensor, args: tuple) -> None:
 
 
 #: Ops whose documented output layout differs from torch's off the CPU: the result is checked against the
-#: documented choice there instead of torch's strides (README, "Operators").
+#: documented choice there instead of torch's strides (docs/architecture.md, "Operators").
 LAYOUT_CHOICES = {"group_norm": _suggested_format}
 
 

@@ -164,7 +164,7 @@ def _index_tile(pid, a, b, idx, fallback, outer0, outer1, j_size, rows, inner1, 
                 SEARCH: tl.constexpr):
     """Tile ``pid`` of :func:`index_along_dim_kernel` (its arguments, documented there)."""
     # Not specialised for a grid of one column of tiles (``row_tile = pid``, no division): on the H200
-    # that made the one-column inverse gathers slower (run 8, [4096, 4096] dim 1 fp16 sorted, at the
+    # that made the one-column inverse gathers slower ([4096, 4096] dim 1 fp16 sorted, at the
     # warps they take: in place 29.2 -> 37.7 µs, out of place 36.3 -> 42.3), for a division a program.
     col_tiles = _narrow(col_tiles, INT64)
     row_tile = pid // col_tiles
@@ -200,7 +200,7 @@ def _index_tile(pid, a, b, idx, fallback, outer0, outer1, j_size, rows, inner1, 
     b_row = _hint(o0 * _narrow(b_o0, INT64) + o1 * _narrow(b_o1, INT64) + target * _narrow(b_d, INT64), ALIGNED)
     b_off = b_row[:, None] + _columns(c, inner1, _narrow(b_i0, INT64), _narrow(b_i1, INT64), B_UNIT)[None, :]
     # One column (BLOCK_C 1, index_select/index_copy along the last dimension): ``a``'s rows are
-    # consecutive, but vectorising along them was slower on the H200 (run 5: index_select [4096, 4096]
+    # consecutive, but vectorising along them was slower on the H200 (index_select [4096, 4096]
     # dim 1 fp16 28.3 -> 33.5 µs, fp32 37.5 -> 41.7; index_copy_ fp16 122.2 -> 125.6): each thread then
     # loads 4-8 consecutive indices, and a warp's index loads span 4-8 times the sectors.
     if A_LINEAR:
@@ -211,9 +211,9 @@ def _index_tile(pid, a, b, idx, fallback, outer0, outer1, j_size, rows, inner1, 
     # An interior tile: only the index masks its accesses, so the contiguous side vectorises (size
     # arguments are not specialised, so a mask built from them would split every access). With
     # WHOLE_TILES the edge branch is not compiled at all: its scalar accesses held registers that cost
-    # occupancy. H200 run 13, registers (blocks per SM) -> µs, fp16: index_select [4096, 4096] dim 0
-    # 40 (6) -> 20 (8), 15.26 -> 14.56; dim 1 36 (6) -> 32 (8), 26.78 -> 25.25; index_copy dim 1
-    # 46.75 -> 43.23 (fp32 61.09 -> 55.62); [64, 512, 512] dim 1 80 (3) -> 32 (8), 27.3 -> 24.6.
+    # occupancy: on the H200, fp16 index_select [4096, 4096] dim 0 takes 20 registers (8 blocks an SM)
+    # and 14.56 µs with it, 40 (6) and 15.26 without; [64, 512, 512] dim 1: 32 (8) and 24.6 µs, 80 (3)
+    # and 27.3 without.
     if WHOLE_TILES:
         _move(a + a_off, b + b_off, fallback + a_off, valid[:, None], row_ok[:, None], SCATTER, False, FALLBACK)
     elif ((row_tile + 1) * BLOCK_R <= rows) & ((c_tile + 1) * BLOCK_C <= cols):

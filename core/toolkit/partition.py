@@ -6,10 +6,11 @@ cache before their neighbours arrive, so each store costs DRAM traffic; torch
 and the plain scatter both take 34 ms on an H200 (fp16). The same pairs
 grouped by destination region (random inside each region) take 9.1-12.0 ms
 for 2-32 MiB regions: a region fits in the L2 cache, which merges the partial
-sectors before writing them back (benchmarks/RESULTS.md, runs 7 and 11). So
-grouping pays where each sector takes several stores (``min_sector_stores``):
-run 12, [2^30] random half in place, 20.8 against torch's 34.0 ms (fp16),
-28.7 against 34.4 (fp32).
+sectors before writing them back. So grouping pays where each sector takes
+several stores (``min_sector_stores``): ``2**29`` random pairs into a
+``[2**30]`` destination in place take 20.8 ms against torch's 34.0 (fp16) and
+28.7 against 34.4 (fp32), partition included (H200; the measurements are in
+benchmarks/RESULTS.md).
 
 :func:`grouped_scatter` groups the pairs into ``4 ** bits`` regions on the
 device (``bits`` from ``DIGIT_BITS``: the fewest whose regions fit the L2
@@ -32,11 +33,12 @@ cache), as a two-pass least-significant-digit radix partition, then scatters:
    grouped pairs, or, where the probe said "local", straight from
    ``index``/``source``.
 
-Full blocks load without masks, which lets the loads vectorise (run 12: both
-passes 13.9 -> 9.8 ms, fp16 [2^30]; a sorted index's scatter 2.09 -> 1.55 ms).
+Full blocks load without masks, which lets the loads vectorise (fp16 [2^30]:
+both passes 9.8 ms against 13.9 with masked loads; a sorted index's scatter
+1.55 against 2.09 ms).
 
-Why two passes of few digits rather than one of 64 regions (run 11, fp16
-[2^30]): one pass ranks 64 regions for 9 ms of compute beyond its 2.5 ms of
+Why two passes of few digits rather than one of 64 regions (fp16 [2^30]):
+one pass ranks 64 regions for 9 ms of compute beyond its 2.5 ms of
 memory traffic, and its writes, spread over 64 regions in 256-pair chunks,
 leave partial lines open in every region and cost 11 ms more (22.9 ms in all).
 
@@ -79,22 +81,22 @@ _MIN_INDICES: dict[str, int] = {}
 context.on_reset(_MIN_INDICES.clear)
 
 #: Width of a rank field, by digit bits: a block's counts (up to the policy's ``block``, below 1024)
-#: stay below ``2**width``. Run 12 ([2^30], both passes): 3 bits (fp16) 9.37 ms with 16-bit fields
+#: stay below ``2**width``. Measured ([2^30], both passes): 3 bits (fp16) 9.37 ms with 16-bit fields
 #: (4 sums), 9.99 with 10-bit ones (3 sums); 4 bits (fp32) 13.01 with 16-bit (8 sums), 12.27 with 10-bit
 #: (6 sums).
 FIELD_BITS = {3: 16, 4: 10}
 #: Bits of the region a pass sorts by (two passes: ``4 ** bits`` regions): the fewest whose regions
-#: fit the L2 cache (``L2_SHARE``). More bits cost partition time (run 12, [2^30] fp16: both
+#: fit the L2 cache (``L2_SHARE``). More bits cost partition time ([2^30] fp16: both
 #: passes 9.8 ms with 3 bits, 15.0 with 4).
 DIGIT_BITS = (3, 4)
 #: Keys, counts and slots are int32.
 INT32_LIMIT = 2**31 - (1 << 24)
-#: Element sizes grouped: those measured faster (run 12). 8-byte elements were measured only at
+#: Element sizes grouped: those measured faster. 8-byte elements were measured only at
 #: two stores a sector (0.87x).
 ELEMENT_SIZES = (1, 2, 4)
 #: A region must fit in this share of the device's L2 cache, where merging its partial sectors
-#: is what grouping buys (run 11, H200 with a 60 MB L2: 32 MiB regions scatter in 11.3 ms; run 7:
-#: 128 MiB regions 30.6 against 34.7 ungrouped). GPUs with a smaller L2 keep the plain scatter.
+#: is what grouping buys (H200, a 60 MB L2: 32 MiB regions scatter in 11.3 ms, 128 MiB regions in
+#: 30.6 against 34.7 ungrouped). GPUs with a smaller L2 keep the plain scatter.
 L2_SHARE = 2 / 3
 
 
@@ -207,8 +209,8 @@ def _rank_in_digit(digit, live, BINS: tl.constexpr, FIELD_BITS: tl.constexpr):
     Digit ``g`` is field ``g % FIELDS`` (``FIELD_BITS`` wide) of int32 word
     ``g // FIELDS``: one prefix sum per word counts ``FIELDS`` digits at once,
     and a field's count stays below ``2**FIELD_BITS``, so fields never carry
-    into each other. (Run 11: four int32 sums took 12.5 ms for both passes,
-    two int64 sums 15.9.)
+    into each other. (Four int32 sums take 12.5 ms for both passes, two int64
+    sums 15.9: fp16 [2^30] on an H200.)
     """
     FIELDS: tl.constexpr = 32 // FIELD_BITS
     field = (digit % FIELDS) * FIELD_BITS

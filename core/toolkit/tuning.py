@@ -128,7 +128,7 @@ class GroupNormPolicy:
     """
 
     # A sweep of tile 2048/4096/8192 x 4/8 warps x 2/4 programs per SM moved the kernels by at most
-    # ~10% either way with no setting best on every shape (H200, RESULTS.md run 2): the defaults stay.
+    # ~10% either way with no setting best on every shape (H200): the defaults stay.
     tile: int = 4096
     num_warps: int = 8
     finalize_tile: int = 1024
@@ -168,7 +168,7 @@ class GatherScatterPolicy:
         search_lanes: row-and-entry pairs a search tile compares per step.
     """
 
-    # H200 sweeps behind these values (RESULTS.md runs 7, 8, 13-15): tile 4096/8192/16384 x max_cols
+    # H200 sweeps behind these values (benchmarks/RESULTS.md): tile 4096/8192/16384 x max_cols
     # 1024/4096 x 4/8 warps, best or within 3% of best on every seed shape but one; two rows of 2 KiB a
     # tile 3% faster (index_select [4096, 4096] fp16 dim 0 14.56 -> 14.14 µs); 4 warps for two rows of
     # 8 KiB 6% faster (14.02 -> 13.12 µs); 16 warps for the merged one-column gather 21% faster sorted
@@ -213,10 +213,10 @@ class GroupedScatterPolicy:
         min_dest_bytes: grouped only for a destination this large or larger.
     """
 
-    # H200 run 12 ([2^30], fp16 / fp32, ms): block 512 at 4 warps 9.8 / 13.5 (1024: 9.9 / 16.1); count
+    # H200 ([2^30], fp16 / fp32, ms): block 512 at 4 warps 9.8 / 13.5 (1024: 9.9 / 16.1); count
     # at 4 warps 1.75 / 1.95 (16: 2.80 / 3.00); programs 16384 9.6 / 13.3 (2048: 10.6 / 15.5); two
-    # stages 15.9 -> 11.6 ms with masked loads; grouping pays from 4 stores a sector (1.01-1.22x) and
-    # not on a destination the L2 cache holds (32 MiB: 0.54-0.56x).
+    # stages 11.6 ms against one stage's 15.9 with masked loads; grouping pays from 4 stores a sector
+    # (1.01-1.22x) and not on a destination the L2 cache holds (32 MiB: 0.54-0.56x).
     block: int = 512
     partition_warps: int = 4
     partition_stages: int = 2
@@ -259,7 +259,7 @@ class ScanPolicy:
         threads: threads per program of both kernels; warps = threads / the device's warp width.
     """
 
-    # H200 (RESULTS.md runs 3-10; seed case 17096 rows -> 854524 items, output_size given):
+    # H200 (seed case 17096 rows -> 854524 items, output_size given):
     # block 2048/1024/512: expand 5.23/4.8/5.58 µs of GPU time (17096 -> 50M items: 110/106/118 µs);
     # sub 8 against 16: seed 13.5/13.5 µs, 854524 one-item rows 32.2/41.2; chunk 256/512/1024: scan
     # 3.04/2.88/3.42 µs (cub's: 0.75 + 2.21).

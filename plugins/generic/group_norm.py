@@ -38,8 +38,8 @@ Step 2 folds into step 3 where a tile's groups merge from few partials
 (the policy's ``fuse_limit``; every contiguous input): each normalize or dx tile merges
 its own groups (the same fixed order, so the same bits in every tile) and
 the dx launch's extra programs sum ``dweight``/``dbias``. Two launches each
-way instead of three: forward+backward fp32 on 2x320x64x64 went from 0.64x
-to 0.87x of torch (H200, benchmarks/RESULTS.md run 4), being host-bound.
+way instead of three: forward+backward fp32 on 2x320x64x64, being
+host-bound, runs at 0.87x of torch's speed that way against 0.64x with three (H200).
 
 torch's semantics are :mod:`flaggems.fronts.group_norm`'s (checks, dtypes,
 output layouts and allocation): ``y`` in the input's suggested memory format;

@@ -59,7 +59,7 @@ def in_place_grad(input: torch.Tensor) -> bool:
 
     Only where the composite would copy the input: with a gradient needed our node beat the composite over
     our kernels on every channels_last size measured, 10-128 MiB (the copies cost more than our node's Python
-    host time); a dense input costs the composite no copy and its host path is C++ (RESULTS.md run 18).
+    host time); a dense input costs the composite no copy and its host path is C++ (H200).
     """
     return front.composite_copies(input)
 

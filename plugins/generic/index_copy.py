@@ -11,11 +11,11 @@ Small out-of-place calls take one launch instead (``_by_search``): a gather
 over the destination in which each row looks itself up in the index
 (``INDEX_SEARCH``), writing ``source``'s row where found and ``self``'s
 elsewhere. It applies while rows x index entries stay within
-``SEARCH_MAX_PAIRS``. H200 run 14, the 11 shapes measured up to that bound,
-GPU time of a CUDA graph replay per call: 1.75-3.01 µs against 2.65-3.50
-for the copy and scatter and 2.67-4.09 for torch; host time per call
-17.0-27.6 µs against 24.7-34.1 (torch 21.3-28.3). From 2**21 pairs on, the
-search was slower on the GPU (2**21: 4.16 against 2.82 µs).
+``SEARCH_MAX_PAIRS``, the bound below which it is faster: on an H200, GPU
+time of a CUDA graph replay per call 1.75-3.01 µs against 2.65-3.50 for the
+copy and scatter and 2.67-4.09 for torch (11 shapes); host time per call
+17.0-27.6 µs against 24.7-34.1 (torch 21.3-28.3). At 2**21 pairs the search
+is slower on the GPU (4.16 against 2.82 µs).
 
 Large workloads turn the scatter around (``_by_inverse``): a small kernel
 records, for each position ``d`` along ``dim``, the ``j`` with ``index[j] == d``
@@ -24,15 +24,15 @@ place it writes every destination element once, ``source[..., j, ...]`` where
 ``d`` is indexed and ``self``'s element elsewhere: no separate copy of ``self``
 (``2 x size`` bytes moved instead of ``2 x (size + indexed)``). In place it is
 used for narrow rows (under 32 bytes, a partial sector each) and writes only
-the indexed positions, in order, whatever the index's order. Reading and
-rewriting the other positions too cost twice the time on a sorted index
-(run 6: [4096, 4096] dim 1 fp16, 73 against 39 µs; torch 39). An index that
+the indexed positions, in order, whatever the index's order (reading and
+rewriting the other positions too would cost twice the time on a sorted
+index: [4096, 4096] dim 1 fp16 on an H200, 73 against 39 µs). An index that
 never decreases writes in order through the plain scatter too, which is
-faster there (run 8: 18.0 against 32.9 µs; random: 119.4 against 44.2). The
-inverse kernel flags a decreasing index, and one launch
+faster there (18.0 against 32.9 µs; a random index: 119.4 against 44.2).
+The inverse kernel flags a decreasing index, and one launch
 (:func:`~flaggems.toolkit.indexing.scatter_or_gather`) takes the scatter or
 the gather on the device: no host synchronisation, no launch left empty.
-Measured: benchmarks/RESULTS.md, runs 5, 6 and 8.
+The measurements are in benchmarks/RESULTS.md.
 
 torch's semantics (argument checks that decline to the native kernel, which
 raises torch's exact error; dim wrapping; overlap declines; the index range
@@ -66,7 +66,7 @@ from flaggems.toolkit.strided import strided_copy
 INVERSE_MIN_ELEMENTS = 1 << 20
 INVERSE_DIM_SHARE = 8
 #: Out of place, the scatter runs as one gather that searches the index (``_by_search``) while the
-#: rows (positions outside the inner dimensions) times the index length are at most this. H200 run 14:
+#: rows (positions outside the inner dimensions) times the index length are at most this. On an H200,
 #: at 2**20 pairs it was faster on the GPU in all 6 shapes measured; at 2**21 and beyond, slower.
 SEARCH_MAX_PAIRS = 1 << 20
 #: In place, the inverse form is used for rows narrower than one memory sector (``SECTOR_BYTES``),
@@ -74,7 +74,7 @@ SEARCH_MAX_PAIRS = 1 << 20
 #: in order.
 INVERT_BLOCK = 1024
 #: Up to this many positions plus indices, one program builds the inverse (fill, then scatter): a
-#: launch less, which is what a mid-size call's time is made of on a slow host (run 5: index_copy
+#: launch less, which is what a mid-size call's time is made of on a slow host (index_copy
 #: [4096, 4096] dim 0 took 43 µs on one host, 81 on another, with a separate fill).
 ONE_PROGRAM_LIMIT = 1 << 17
 
@@ -200,10 +200,9 @@ def _by_search(self: torch.Tensor, dim: int, index: torch.Tensor, source: torch.
 def _grouped(target: torch.Tensor, dim: int, index: torch.Tensor, source: torch.Tensor) -> bool:
     """A large scatter of single elements (every other dimension of size 1): grouped by region first.
 
-    See :mod:`flaggems.toolkit.partition` (runs 11-12: the [2^30] random
-    case, 1-, 2- and 4-byte elements; ``partition.applies`` says where it
-    pays). Returns False (nothing done) for any other workload, or when its
-    workspace cannot be allocated.
+    See :mod:`flaggems.toolkit.partition` (1-, 2- and 4-byte elements;
+    ``partition.applies`` says where it pays). Returns False (nothing done)
+    for any other workload, or when its workspace cannot be allocated.
     """
     if index.numel() < partition.min_indices() or target.numel() != target.shape[dim]:
         return False  # the one test most calls pay: no view made

@@ -19,44 +19,20 @@
   rows, then each element's row among its sub-block's few (int32 offsets,
   cache-resident ends).
 
-  Measured on an H200 (benchmarks/RESULTS.md, runs 3 to 5, 9 and 10), seed
-  case (17096 rows -> 854524 items, ``output_size`` given):
-
-  * now: scan 2.34 µs + expand 4.83 µs of GPU time (profiler), 12.0 µs for the
-    op (do_bench), against torch's 0.75 + 2.21 + 3.49 µs, 12.8 µs;
-  * before the scan (run 9): cub's two-kernel scan through ``torch.cumsum``,
-    then the expand with its own first-row search: 6.1-6.5 µs for the expand
-    alone, 15.3-15.6 µs for the op (the search was 2.4 µs of it);
-  * the expand's parts (run 10, BLOCK 1024): reading the table and writing
-    alone 2.5 µs, the sub-block search 1.0, the element search 1.2. Counting
-    each sub-block's rows against a 32-row window of ends loaded once was
-    faster alone (0.5 against 0.9 µs) but slower with the element search
-    after it (4.96 against 4.64); a linear element search (one boundary load
-    per sub-block and step) 4.48 against 4.62: noise, not kept;
-  * the first scan had each chunk take a ticket (an atomic) and the last one
-    to finish zero the state (another): 4.64 µs (1024-row chunks); ordering
-    chunks by program id as cub does and zeroing the state in the expand:
-    3.4 (2.9 with 512-row chunks); computing the chunk's running sum while
-    the predecessors publish: 2.34;
-  * earlier designs: a whole-array binary search per element (28.6 µs
-    do_bench); one fused launch that scans ``repeats`` in every program
-    (28-95 µs: its serial scan dominates); counting each sub-block's rows
-    from one load of a block's ends in a 64-row window (16.5 µs of GPU time,
-    its ``[128, 64]`` compare-and-sum costs more than the search); each
-    element's row from a ``tl.histogram`` of the block's row ends (23.5-40
-    µs, triton 3.6 lowers the 2048-bin histogram through shared-memory
-    atomics); writing blocks of at most 64 rows row by row in one masked tile
-    store (14.1 against 10.7 µs); one launch that scans and expands, its
-    programs waiting on each other through atomic counters (19-38 against
-    15.5 µs: the atomics on one address serialise); an on-chip window of a
-    block's ends searched through ``tl.gather`` (no faster).
+  Why our own scan: one launch that also tables the blocks' first rows
+  spares cub's two-kernel scan (``torch.cumsum``) and a first-row search in
+  every expand program. On an H200, seed case (17096 rows -> 854524 items,
+  ``output_size`` given): scan 2.34 µs + expand 4.83 µs of GPU time, 12.0 µs
+  for the op (do_bench), against torch's 0.75 + 2.21 + 3.49 µs, 12.8 µs. The
+  scan orders its chunks by program id (no ticket atomic) and computes a
+  chunk's running sum while its predecessors publish theirs. The designs
+  measured slower than this one (a whole-array search per element, one fused
+  scan-and-expand launch, a ``tl.histogram`` of a block's row ends,
+  row-by-row tile stores) are in benchmarks/RESULTS.md.
 * **Dependent launch** (:mod:`flaggems.toolkit.dependent_launch`, NVIDIA
   sm_90+): the expand is launched to overlap the scan's end, and waits for
-  its writes on the device. H200 run 15, a CUDA graph of 20 calls replayed
-  (GPU time a call, medians of 5 rounds), seed case: row ids 8.03 -> 7.56
-  µs (torch 7.44); values gathered 8.68 -> 8.83 (torch 12.31). Letting the
-  expand start only as the scan's programs exit (no early trigger): 8.22
-  and 8.74.
+  its writes on the device: in a CUDA graph replay of the seed case, row ids
+  take 7.56 µs of GPU time a call against 8.03 without it (torch 7.44).
 * **Scan state**: the scan's status words live in
   :func:`flaggems.toolkit.workspace.claim_scratch` (one buffer per stream, so
   concurrent streams do not share it). The expand zeroes them again, and the

@@ -192,7 +192,7 @@ def _backward_cases():
     yield backward("no-weight-dx-only", (2, 6, 4, 4), 3, weight=False, mask=(True, False, False))
     yield backward("several-chunks-per-channel", (1, 2, 96, 96), 1)
     # torch 2.11's CUDA backward kernel misreads channels_last inputs when called directly
-    # (H200 run 2026-11-30: view errors and wrong values); aten::group_norm never does that.
+    # (seen on an H200: view errors and wrong values); aten::group_norm never does that.
     gpu_native = {"tags": (NATIVE_CONTIGUOUS_ON_GPU,)}
     yield backward("channels-last", (2, 6, 4, 4), 3, fmt=CL, **gpu_native)
     yield backward("channels-last-c320-g32", (1, 320, 2, 3), 32, fmt=CL, **gpu_native)

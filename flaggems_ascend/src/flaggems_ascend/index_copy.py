@@ -53,12 +53,10 @@ FLAT_MIN_BLOCK, FLAT_MAX_BLOCK = 256, 4096
 ROW_TILE, ROW_MAX_COLS = 4096, 1024
 
 #: On a GPU standing in for the NPU, the Ascend kernels serve only in-place calls of at most this many
-#: source elements: H200 (RESULTS.md run 20), index_copy_ [64, 64] dim 1 (2048 elements) 4.7-5.3 µs
-#: against the generic kernels' 5.7; every out-of-place or larger shape of the seed table went faster
-#: through the generic ones (1.1-4.5x: their inverse-index gather and L2-grouped scatter are GPU designs).
+#: source elements. Measured on an H200: index_copy_ [64, 64] dim 1 (2048 elements) 4.7-5.3 µs against the
+#: generic kernels' 5.7; every out-of-place or larger shape of the seed table went faster through the
+#: generic ones (1.1-4.5x: their inverse-index gather and L2-grouped scatter are GPU designs).
 GPU_INPLACE_MAX = 4096
-#: Tests set it False to run the Ascend kernels on a GPU whatever the shape.
-PREFER_GENERIC_ON_GPU = True
 
 _SCALARS = ("index_stride", "outer", "n", "inner", "dim_size", "total", "tiles", "col_tiles")
 
@@ -132,10 +130,10 @@ def row_tile(inner: int) -> tuple[int, int]:
 def generic_is_faster(device_type: str, inplace: bool, source_numel: int) -> bool:
     """Whether the generic kernels measured faster for such a call on this device (GPUs only, see above).
 
-    On an NPU the Ascend kernels serve every call: the seed's 910B run completed its benchmark only with
-    them (in place 1.40x torch_npu, out of place 0.99x).
+    On an NPU the Ascend kernels serve every call: on a 910B the seed benchmark completed only with them
+    (in place 1.40x torch_npu, out of place 0.99x).
     """
-    if device_type != "cuda" or not PREFER_GENERIC_ON_GPU:
+    if device_type != "cuda":
         return False
     return not inplace or source_numel > GPU_INPLACE_MAX
 

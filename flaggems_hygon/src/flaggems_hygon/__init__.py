@@ -14,8 +14,8 @@ overload and the values API ``.self_Tensor``) sizes its output from it and
 never reads the device; ``index_select`` runs no separate range-check pass
 (both are the generic contract, which the DCU keeps). No Hygon kernel exists:
 no algorithm differs. No tuning either, yet: the one candidate tried (256
-threads a program, four wavefronts) made the expand 23-41% slower on the H200
-standing in for a DCU (RESULTS.md run 20), and no DCU was at hand to show
+threads a program, four wavefronts) made the expand 23-41% slower on an H200
+standing in for a DCU, and no DCU was at hand to show
 otherwise (a measured value would go to a ``flaggems_tuning`` hook here).
 """
 

@@ -1,4 +1,4 @@
-"""acme-gems: a complete flaggems vendor plugin (the README's guide runs this package).
+"""acme-gems: a complete flaggems vendor plugin (docs/vendor-guide.md runs this package).
 
 It declares the ``acme`` backend, adds ``aten::neg`` (an op the generic
 plugin lacks) with its conformance cases and a bench workload, tunes the
