@@ -136,3 +136,21 @@ def test_summarize_ran_ignores_reentry():
     assert runner.summarize_ran([], {"copy_": "native"})[0] == "native (no flaggems impl)"
     scalar = [("dispatch", "add.Tensor -> native (re-entered or Python scalar)")]
     assert runner.summarize_ran(scalar, {"add.Tensor": "generic"})[0] == scalar[0][1]
+
+
+def test_float64_judge_accepts_a_side_no_farther_from_float64_than_torch():
+    exact = [torch.tensor([1.0, 2.0, 3.0], dtype=torch.float64)]
+    torch_side = [torch.tensor([1.0, 2.0, 3.25], dtype=torch.float16)]  # torch's own rounding error: 0.25
+    closer = [torch.tensor([1.0, 2.125, 3.0], dtype=torch.float16)]
+    farther = [torch.tensor([1.5, 2.0, 3.0], dtype=torch.float16)]
+    assert runner.no_farther(torch_side, closer, exact)
+    assert not runner.no_farther(torch_side, farther, exact)
+    assert not runner.no_farther(torch_side, [closer[0].float()], exact)  # dtype differs
+
+
+def test_float64_run_widens_floating_inputs_and_keeps_grad():
+    from flaggems.bench.shapes import group_norm_silu as shapes
+
+    workload = next(w for w in shapes.WORKLOADS if w.float64_judge)
+    exact = runner.float64_run(workload, workload.make("cpu", smoke=True))
+    assert [t.dtype for t in exact] == [torch.float64] * 3  # dx, dweight, dbias

@@ -415,3 +415,14 @@ def test_liger_with_an_unknown_api_skips_its_side_with_one_line(monkeypatch, cap
     assert main(["bench", "--models", "--smoke", "--only", "llama_prefill", "--side", "liger"]) == 0
     lines = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("skipped side liger")]
     assert len(lines) == 1 and "takes no swiglu" in lines[0]
+
+
+def test_sd15_train_check_judges_a_tensor_beyond_the_tolerance_against_fp32_without_tf32():
+    exact = [torch.ones(4, dtype=torch.float64)]
+    reference = [torch.ones(4) * 1.01]  # torch's own TF32 error: 1%
+    close_to_fp32 = [torch.ones(4) * 1.005]  # 1.5% from torch, as accurate as it against fp32
+    far = [torch.ones(4) * 1.05]
+    assert not models._relative_norms(reference, close_to_fp32, 1e-3).match
+    assert models._relative_norms(reference, close_to_fp32, 1e-3, exact=lambda: exact).match
+    verdict = models._relative_norms(reference, far, 1e-3, exact=lambda: exact)
+    assert not verdict.match and "less accurate than torch" in verdict.detail

@@ -141,7 +141,8 @@ def forced_split(monkeypatch):
     monkeypatch.setitem(gn.DEFAULT_TARGET, DEV.type, 16)
     monkeypatch.setattr(gn, "INT32_LIMIT", 64)
     # tiny tiles; dweight/dbias loop over samples one at a time
-    set_kernel_context(monkeypatch, tuning=lambda key: {"tile": 16, "param_tile": 8} if key == "group_norm" else {})
+    set_kernel_context(monkeypatch, tuning=lambda key: {"tile": 16, "param_tile": 8, "min_chunk_rows": 1}
+                       if key == "group_norm" else {})
     for cache in (gn._FORWARD_PLANS, gn._BACKWARD_PLANS):
         cache.clear()
     gn._target_programs.cache_clear()
@@ -174,7 +175,7 @@ def test_split_reduction_and_int64_offsets(forced_split, fmt):
                                   (True, True, False)])
 def test_finalize_folded_or_separate(monkeypatch, fuse, fmt, mask):
     """Both plans (step 2 as its own launch, or merged by every tile) on both layouts and every output mask."""
-    set_kernel_context(monkeypatch, tuning=lambda key: {"fuse_limit": 1 << 30 if fuse else 0}
+    set_kernel_context(monkeypatch, tuning=lambda key: {"fuse_limit": 1 << 30 if fuse else 0, "min_chunk_rows": 1}
                        if key == "group_norm" else {})
     monkeypatch.setitem(gn.DEFAULT_TARGET, DEV.type, 16)  # on CPU several chunks (K > 1); a GPU uses its SM count
     monkeypatch.setattr(gn, "_FORWARD_PLANS", {})  # plans made under the patched constants only
@@ -350,7 +351,8 @@ def tiling(request, monkeypatch):
     elements); 16-element tiles split over chunks of 2 tiles (channels_last: 32 chunks, merged by step 2)."""
     if request.param != "default-tiles":
         tile = 32 if request.param == "long-lanes" else 16
-        set_kernel_context(monkeypatch, tuning=lambda key: {"tile": tile} if key == "group_norm" else {})
+        set_kernel_context(monkeypatch, tuning=lambda key: {"tile": tile, "min_chunk_rows": 1}
+                           if key == "group_norm" else {})
         monkeypatch.setitem(gn.DEFAULT_TARGET, DEV.type, 1 if request.param == "long-lanes" else 64)
     monkeypatch.setattr(gn, "_FORWARD_PLANS", {})
     gn._target_programs.cache_clear()
@@ -433,3 +435,17 @@ def test_huge_values_after_a_zero_are_not_nan():
     with native_scope():
         exact = A.native_group_norm(x.double(), None, b.double(), 2, 6, 16, 2, 1e-5)[0]
     assert_close(y[1, 3:], exact[1, 3:], ulps=64)
+
+
+def test_channels_last_chunks_are_not_shorter_than_the_policy_rows():
+    """Short chunks of a channels_last input write more partials than they read: at least min_chunk_rows."""
+    from flaggems.plugins.generic import group_norm as kernels
+    from flaggems.toolkit import tuning
+
+    policy = tuning.GroupNormPolicy()
+    for C, HxW in ((1280, 256), (2560, 64), (320, 4096), (48, 15)):
+        t = kernels.plan_tiling(2, C, HxW, True, torch.device("cuda" if torch.cuda.is_available() else "cpu"))
+        assert t.block_c <= policy.channel_block_max
+        assert t.K == 1 or t.chunk_tiles * t.block_s >= policy.min_chunk_rows
+    with pytest.raises(ValueError):
+        tuning.GroupNormPolicy.from_values({"channel_block_max": 300})

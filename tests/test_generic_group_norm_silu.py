@@ -25,6 +25,7 @@ from flaggems import autograd, ops, testing
 from flaggems.bench import runner
 from flaggems.bench.shapes import group_norm_silu as bench
 from flaggems.binding import native_scope
+from flaggems.fronts import group_norm as gn_front
 from flaggems.plugins.generic import group_norm as gn
 from flaggems.plugins.generic import group_norm_silu as impl
 from flaggems.runtime import RUNTIME
@@ -53,6 +54,13 @@ def leaves(shape, dtype=F32, fmt=None, weight=True, bias=True, grad=False, param
             affine[0].to(param_dtype or dtype).clone() if weight else None,
             affine[1].to(param_dtype or dtype).clone() if bias else None]
     return tuple(t if t is None else t.requires_grad_(grad) for t in kept)
+
+
+def assert_layout(y, x, expected):
+    """The op's documented layout: the input's suggested memory format, the reference's on CPU (torch's CUDA
+    composite returns a contiguous output for a channels_last input, where the op keeps channels_last)."""
+    assert y.stride() == torch.empty_like(x, memory_format=gn_front.suggest_memory_format(x)).stride()
+    assert x.device.type != "cpu" or y.stride() == expected.stride()
 
 
 def wanted(*tensors):
@@ -156,7 +164,7 @@ def test_forward_matches_the_reference_and_float64(enabled, label, shape, groups
             expected, _ = reference(x, groups, w, b)
             exact, _ = float64(x, groups, w, b)
         y = call(x, groups, w, b)
-        assert y.stride() == expected.stride()  # the input's suggested memory format (torch's on CPU)
+        assert_layout(y, x, expected)
         assert y.is_contiguous(memory_format=fmt or torch.contiguous_format)
         assert_ulps(y, expected, ULPS[dtype])
         assert_scaled(y, exact.to(dtype), EXACT[dtype])
@@ -237,7 +245,7 @@ def test_strided_inputs_are_read_in_place(spy, make):
     y = impl.group_norm_silu(x, groups, w, b)
     grads = torch.autograd.grad(y, (x, w, b), dy)
     assert spy["fwd"][0][0] is x and spy["bwd"][0][1] is x
-    assert y.stride() == expected_y.stride()
+    assert_layout(y, x, expected_y)
     assert_ulps(y, expected_y, ULPS[F32])
     for actual, want in zip(grads, expected, strict=True):
         assert_scaled(actual, want, GRAD[F32])
@@ -262,7 +270,8 @@ def tiling(request, monkeypatch):
     tiles and a tiny int32 limit (the 64-bit offsets)."""
     fuse = request.param == "finalize-folded"
     set_kernel_context(monkeypatch, tuning=lambda key: {"fuse_limit": 1 << 30 if fuse else 0, "tile": 16,
-                                                        "param_tile": 8} if key == "group_norm" else {})
+                                                        "param_tile": 8, "min_chunk_rows": 1}
+                       if key == "group_norm" else {})
     monkeypatch.setitem(gn.DEFAULT_TARGET, DEV.type, 16)
     monkeypatch.setattr(gn, "INT32_LIMIT", 64)
     monkeypatch.setattr(gn, "_FORWARD_PLANS", {})
@@ -528,3 +537,14 @@ def test_kernels_compile_for_sm90():
         print("ok")
     """)
     run_compiled(script)
+
+
+def test_a_size_1_dimension_does_not_make_an_input_channels_last(enabled):
+    """torch's suggested memory format orders size-1 dimensions too: ``is_contiguous(channels_last)`` alone
+    called this input channels_last (the kit's generator found it)."""
+    x = torch.empty_strided((2, 2, 1, 5), (10, 1, 40, 2), device=DEV).copy_(torch.randn(2, 2, 1, 5))
+    expected, _ = reference(x, 1, None, None)
+    y = call(x, 1, None, None)
+    assert gn_front.suggest_memory_format(x) == torch.contiguous_format and y.is_contiguous()
+    assert_layout(y, x, expected)
+    assert_ulps(y, expected, ULPS[F32])

@@ -196,13 +196,13 @@ def test_strided_inputs_and_gradients(layout):
 
 
 @pytest.mark.parametrize("make", [
-    pytest.param(lambda: torch.randn(3, 16, dtype=torch.float64), id="fp64"),
-    pytest.param(lambda: torch.randn(3, 16, 2)[..., 0], id="hidden-strided"),
-    pytest.param(lambda: torch.randn(4, 4, 4, 4, 16)[::2, ::2, ::2, ::2], id="rows-do-not-collapse"),
+    pytest.param(lambda: torch.randn(3, 16, dtype=torch.float64, device=DEV), id="fp64"),
+    pytest.param(lambda: torch.randn(3, 16, 2, device=DEV)[..., 0], id="hidden-strided"),
+    pytest.param(lambda: torch.randn(4, 4, 4, 4, 16, device=DEV)[::2, ::2, ::2, ::2], id="rows-do-not-collapse"),
 ])
 def test_declines_give_the_references_result_and_gradients(make):
     torch.manual_seed(0)
-    x = make().to(DEV).requires_grad_()
+    x = make().requires_grad_()  # made on the device: .to() would copy a strided CPU tensor contiguous
     w = torch.randn(16, dtype=x.dtype, device=DEV, requires_grad=True)
     expected_y = reference(False, x, None, w)[0]
     expected = torch.autograd.grad(expected_y.sum(), (x, w))
@@ -306,3 +306,24 @@ def test_kernels_compile_for_sm90():
         print("ok")
     """)
     run_compiled(script)
+
+
+@pytest.mark.parametrize("add", [False, True], ids=["rms_norm", "add_rms_norm"])
+@pytest.mark.parametrize("make", [
+    pytest.param(lambda: torch.randn(8, 1, device=DEV).t(), id="1x8-strides-1-1"),
+    pytest.param(lambda: torch.randn(8, 1, 2048, device=DEV).as_strided((8, 1, 2048), (2048, 1, 1)),
+                 id="decode-size-1-stride-1"),
+    pytest.param(lambda: torch.randn(5, 2, 2, device=DEV).permute(0, 2, 1)[:, :1], id="permuted-size-1"),
+])
+def test_size_1_dimensions_keep_the_references_strides(add, make):
+    """The kit found meta kernels lay a size-1 dimension out unlike the device kernels (``[1, 8]`` with
+    strides ``(1, 1)``): the outputs' strides follow TensorIterator's rules, as the reference's do."""
+    x = make()
+    r = torch.randn_like(x) if add else None
+    w = torch.randn(x.shape[-1], device=DEV)
+    expected = reference(add, x, r, w)
+    with flaggems.enabled(include=ROUTES):
+        got = call(add, x, r, w)
+    for a, e in zip(got, expected):
+        assert a.stride() == e.stride()
+        torch.testing.assert_close(a, e)

@@ -68,8 +68,8 @@ side's warm-up steps, one untimed *census* step (calls per step, below), then
 each round (each side takes each position equally often, so a drifting host
 hits every side alike); a round is ``steps`` back-to-back steps between two
 device synchronisations (by default as many as take about 200 ms on torch; a
-step longer than that is timed alone, without the untimed step that otherwise
-follows each change of side). Times are medians over rounds; each ratio
+step longer than that is timed alone), after one untimed step that follows
+each change of side. Times are medians over rounds; each ratio
 torch/side is the median of the rounds' pairs, with the lowest and highest.
 
 Calls per step: the census step runs under a ``TorchDispatchMode`` that counts
@@ -694,7 +694,9 @@ SD15_RUNS_SMOKE = {"fwd": (2, 8, 5), "train": (1, 8, 5)}
 #: The fp16 forward's check: max |side - torch| over the largest |torch| (issue 41's target).
 SD15_FP16_TOLERANCE = (0.0, 3e-2)
 #: The training step's check: ||side - torch|| / ||torch|| per tensor (output, loss, every gradient), fp32
-#: (TF32 convolutions on CUDA: both sides round their inputs to 10 bits, differently where they differ).
+#: (TF32 convolutions on CUDA: both sides round their inputs to 10 bits, differently where they differ; torch's
+#: own TF32 step is up to 4e-3 from a step without TF32 on an H200, so a tensor beyond the tolerance is judged
+#: against that step, see :func:`_relative_norms`).
 SD15_GRAD_TOLERANCE = {False: 1e-4, True: 1e-3}
 SD15_FAMILY = "sd15_unet"
 
@@ -744,8 +746,10 @@ def build_sd15_forward(device: torch.device, smoke: bool) -> Case:
     return Case(step, check, params, slot=slot, family=SD15_FAMILY)
 
 
-def _relative_norms(reference: Any, output: Any, limit: float) -> Check:
-    """Each tensor's ``||side - torch|| / ||torch||`` within ``limit``."""
+def _relative_norms(reference: Any, output: Any, limit: float,
+                    exact: Callable[[], Any] | None = None) -> Check:
+    """Each tensor's ``||side - torch|| / ||torch||`` within ``limit``; a tensor outside it still passes
+    when its error against ``exact()`` (fp32 without TF32) is at most :data:`ACCURACY_FACTOR` x torch's own."""
     refs, outs = tensors_of(reference), tensors_of(output)
     if len(refs) != len(outs) or any(r.shape != o.shape for r, o in zip(refs, outs)):
         return Check(False, f"{len(outs)} tensors, torch gave {len(refs)} (or shapes differ)")
@@ -753,8 +757,38 @@ def _relative_norms(reference: Any, output: Any, limit: float) -> Check:
     outside = [i for i, e in enumerate(errors) if not e <= limit]
     text = f"{len(refs)} tensors (output, loss, gradients): max relative norm error {max(errors):.3g}, " \
            f"tolerance {limit:g}"
-    return Check(not outside, text if not outside else f"{text}; outside: {len(outside)} (first: {outside[0]})",
-                 max(errors))
+    if not outside:
+        return Check(True, text, max(errors))
+    if exact is None:
+        return Check(False, f"{text}; outside: {len(outside)} (first: {outside[0]})", max(errors))
+    fp32 = tensors_of(exact())
+    side = [_relative_norm(fp32[i], outs[i]) for i in outside]
+    base = [_relative_norm(fp32[i], refs[i]) for i in outside]
+    worse = [i for i, a, b in zip(outside, side, base) if a > ACCURACY_FACTOR * b]
+    verdict = (f"the {len(outside)} outside it are as accurate as torch against fp32 without TF32 (worst "
+               f"{max(side):.3g}, torch's {max(base):.3g}; <= {ACCURACY_FACTOR:g}x each)" if not worse else
+               f"{len(worse)} less accurate than torch against fp32 without TF32 (first: tensor {worse[0]})")
+    return Check(not worse, f"{text}; {verdict}", max(errors))
+
+
+@contextlib.contextmanager
+def no_tf32() -> Iterator[None]:
+    """cuDNN convolutions and matmuls in full fp32 inside the block."""
+    saved = torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = False
+    try:
+        yield
+    finally:
+        torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = saved
+
+
+def sd15_train_step(net: nn.Module, inputs: Mapping[str, torch.Tensor]) -> list[torch.Tensor]:
+    """One training step of ``net``: output, loss and every parameter's gradient."""
+    net.zero_grad(set_to_none=True)
+    out = net(**inputs).sample
+    loss = out.float().square().mean()
+    loss.backward()
+    return [out.detach(), loss.detach(), *(w.grad for w in net.parameters())]
 
 
 def build_sd15_train(device: torch.device, smoke: bool) -> Case:
@@ -762,18 +796,23 @@ def build_sd15_train(device: torch.device, smoke: bool) -> Case:
     model, inputs, params = build_sd15_unet(device, smoke, torch.float32, "train")
     slot = ModelSlot(model.train())
     tf32 = device.type == "cuda" and torch.backends.cudnn.allow_tf32
+    cached: list[Any] = []
 
     def step(phases: Phases) -> list[torch.Tensor]:
-        net = slot.model
-        net.zero_grad(set_to_none=True)
-        out = net(**inputs).sample
-        loss = out.float().square().mean()
-        loss.backward()
-        return [out.detach(), loss.detach(), *(w.grad for w in net.parameters())]
+        return sd15_train_step(slot.model, inputs)
 
-    check = functools.partial(_relative_norms, limit=SD15_GRAD_TOLERANCE[tf32])
+    def exact() -> Any:
+        """torch's step without TF32 on a copy of the unpatched model (cached)."""
+        if not cached:
+            with runner.flaggems_off(), no_tf32():
+                twin = copy.deepcopy(slot.original)
+                cached.append(detached_copy(sd15_train_step(twin, inputs)))
+                del twin
+        return cached[0]
+
+    check = functools.partial(_relative_norms, limit=SD15_GRAD_TOLERANCE[tf32], exact=exact if tf32 else None)
     params = {**params, "mode": "train", "loss": "out.float().square().mean()", "tf32_conv": tf32,
-              "checked": "output, loss, every gradient (relative norm)"}
+              "checked": "output, loss, every gradient (relative norm; beyond it, against fp32 without TF32)"}
     return Case(step, check, params, slot=slot, family=SD15_FAMILY)
 
 
@@ -1731,7 +1770,7 @@ def time_sides(case: Case, sides: Sequence[Side], device: torch.device, settings
     """Per side and metric, the ms per step of every round (sides interleaved, order rotated each round).
 
     Also returns the steps per round: ``settings.steps``, or fitted to a warm torch
-    step (``sides[0]``). With more than one step a round, an untimed step follows each change of side.
+    step (``sides[0]``). An untimed step follows each change of side (not in smoke runs).
     """
     samples: dict[str, dict[str, list[float]]] = {s.name: {m.name: [] for m in case.metrics} for s in sides}
     steps = settings.steps
@@ -1739,7 +1778,9 @@ def time_sides(case: Case, sides: Sequence[Side], device: torch.device, settings
         with sides[0].active(case):
             case.side = "fit"  # its own cursor where steps walk a sequence: torch's stays in step with the others
             steps = settings.steps_for(timed_round(case, device, 1)[case.metrics[0].name])
-    settle = not settings.smoke and steps > 1
+    # one step a round too: after a change of side, the SD-1.5 training step ran 50-86 ms over its steady
+    # 80 ms (allocator segments and plans of the other side), on torch's side as on flaggems'
+    settle = not settings.smoke
     for index in range(rounds):
         for side in rotation(sides, index):
             with side.active(case), runner.gc_paused():

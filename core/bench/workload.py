@@ -73,6 +73,10 @@ class Workload:
     bytes_moved: Callable[[Inputs], int] | None = None
     source: str = ""
     smoke_name: str = ""
+    #: Judge a side that differs from torch beyond the dtype's tolerance against a float64 run of ``run``
+    #: (floating inputs cast to float64): it matches when no farther from it than torch (for reductions whose
+    #: torch reference rounds an intermediate to half precision, e.g. a fused op's gradients).
+    float64_judge: bool = False
 
     @property
     def key(self) -> str:

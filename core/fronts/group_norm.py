@@ -70,7 +70,7 @@ def suggest_memory_format(t: torch.Tensor) -> torch.memory_format:
         return torch.contiguous_format
     last = torch.channels_last if t.dim() == 4 else torch.channels_last_3d
     dense, channels_last = t.is_contiguous(), t.is_contiguous(memory_format=last)
-    if dense != channels_last:
+    if dense != channels_last and 1 not in t.shape:  # the flags ignore size-1 dimensions; torch's rule does not
         return torch.contiguous_format if dense else last
     from torch._prims_common import suggest_memory_format as reference
 

@@ -60,8 +60,9 @@ import torch
 from .. import autograd
 from .. import ops as reference
 from ..binding import Decline
+from ..toolkit.iterator_layout import contiguous_strides, is_dense, iterator_strides
 from ..toolkit.layout import remember
-from .group_norm import transformed
+from .group_norm import suggest_memory_format, transformed
 
 #: Dtypes the kernels normalise (fp32 math).
 DTYPES = frozenset({torch.float16, torch.bfloat16, torch.float32})
@@ -122,20 +123,51 @@ def _meta(t: torch.Tensor | None) -> torch.Tensor | None:
 
 def layout(input: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor | None,
            cast_first: bool) -> Layout:
-    """The outputs' dtype and strides: the reference run once on ``meta`` tensors of the same layout.
+    """The outputs' dtype and strides, as the reference's would be.
 
-    ``x * rsqrt(...)`` follows TensorIterator's layout rules (a permuted input
-    gives a permuted output, a sliced one a dense output); ``empty_like``
-    would not reproduce them for every case. The dtype is the meta result's
-    too (``torch.promote_types`` would be a dispatched op, which spoils the
-    planner's recording of the call that builds this layout).
+    The dtype is a run of the reference on ``meta`` tensors (``torch.promote_types``
+    would be a dispatched op, which spoils the planner's recording of the call
+    that builds this layout). The strides follow the reference's TensorIterator
+    steps (:mod:`flaggems.toolkit.iterator_layout`): meta kernels lay a size-1
+    dimension out differently from the device kernels (``[1, 8]`` strides
+    ``(1, 1)``: the CPU kernel keeps them, the meta one gives ``(8, 1)``).
     """
     x, w = _meta(input), _meta(weight)
     if residual is None:
         y, total = reference.rms_norm(x, w, 1e-6, 0.0, cast_first), None
+        total_strides = None
     else:
         y, total = reference.add_rms_norm(x, _meta(residual), w, 1e-6, 0.0, cast_first)
-    return Layout(y.dtype, tuple(y.stride()), None if total is None else tuple(total.stride()))
+        total_strides = iterator_strides(input.shape, [(input.shape, input.stride()),
+                                                       (residual.shape, residual.stride())])
+    source = total_strides if total_strides is not None else input.stride()
+    y_strides = _normed_strides(list(input.shape), list(source), total_strides is None and
+                                input.dtype != torch.float32, weight, cast_first)
+    return Layout(y.dtype, tuple(y_strides), None if total is None else tuple(total_strides))
+
+
+def _kept_or_dense(sizes: Sequence[int], strides: Sequence[int]) -> list[int]:
+    """The strides of a cast (``preserve_format``): a dense tensor's own, else its suggested format's."""
+    if is_dense(sizes, strides):
+        return list(strides)
+    probe = torch.empty_strided(sizes, strides, device="meta")
+    return list(torch.empty(tuple(sizes), device="meta", memory_format=suggest_memory_format(probe)).stride())
+
+
+def _normed_strides(shape: list[int], strides: list[int], copies: bool, weight: torch.Tensor | None,
+                    cast_first: bool) -> list[int]:
+    """``x * rsqrt(mean(x**2) + eps)`` then the weight's product, TensorIterator's layout at each step.
+
+    ``copies``: the reference's ``.float()`` copies the input (kept when dense, else its suggested format).
+    The weight's strides never decide: a broadcast vector has one non-zero stride, the last dimension's.
+    """
+    x = _kept_or_dense(shape, strides) if copies else strides
+    stats = (shape[:-1] + [1], contiguous_strides(shape[:-1] + [1]))  # the keepdim mean: a fresh reduction
+    normed = iterator_strides(shape, [(shape, x), stats])
+    if weight is None:
+        return normed
+    w = (list(weight.shape), list(weight.stride()))
+    return iterator_strides(shape, [w, (shape, normed)] if cast_first else [(shape, normed), w])
 
 
 def needs_grad(input: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor | None) -> bool:

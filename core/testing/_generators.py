@@ -396,6 +396,6 @@ GENERATORS: dict[str, Callable[[random.Random, torch.device], Gen]] = {
     "unfold_backward": gen_unfold_backward,
 }
 
-from ._generators_fused import FUSED_GENERATORS  # noqa: E402 - it builds on the helpers above
+from ._generators_fused import FUSED_GENERATORS  # noqa: E402 - last: it imports Gen and norm_shape from here
 
 GENERATORS.update(FUSED_GENERATORS)

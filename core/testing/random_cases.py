@@ -230,16 +230,16 @@ def contiguous_native(op: str, prep: Prepared, dev: torch.device) -> bool:
 
 
 def native_takes(prep: Prepared) -> bool:
-    """Whether torch's kernel of a :data:`NATIVE_FROM_CONTIGUOUS` op takes these tensors as they are: all
-    contiguous, or the inputs of rank 4 (5) channels_last (3d) and the rest contiguous; no negative bit."""
+    """Whether torch's kernel of a :data:`NATIVE_FROM_CONTIGUOUS` op takes these tensors as they are: each
+    contiguous in its suggested memory format (channels_last only where torch's rule says so); no negative bit."""
     tensors = [v for v in (*prep.built.args, *prep.built.kwargs.values()) if isinstance(v, torch.Tensor)]
     if any(t.is_neg() or t.is_conj() for t in tensors):
         return False
     if all(t.is_contiguous() for t in tensors):
         return True
-    formats = {4: torch.channels_last, 5: torch.channels_last_3d}
-    return all(t.is_contiguous(memory_format=formats[t.dim()]) if t.dim() in formats else t.is_contiguous()
-               for t in tensors)
+    from torch._prims_common import suggest_memory_format  # torch's rule, size-1 dimensions included
+
+    return all(t.is_contiguous(memory_format=suggest_memory_format(t)) for t in tensors)
 
 
 def _dense(value: Any) -> Any:

@@ -45,7 +45,7 @@ def _is_channels_last(sizes: Sequence[int], strides: Sequence[int]) -> bool:
     return True
 
 
-def _is_dense(sizes: Sequence[int], strides: Sequence[int]) -> bool:
+def is_dense(sizes: Sequence[int], strides: Sequence[int]) -> bool:
     """``is_non_overlapping_and_dense()``."""
     dims = sorted((d for d in range(len(sizes)) if sizes[d] >= 2), key=lambda d: strides[d])
     expected = 1
@@ -87,7 +87,7 @@ def iterator_strides(shape: Sequence[int], operands: Sequence[tuple[Sequence[int
                 strides[d] = acc
                 acc *= max(shape[d], 1)
             return strides
-        if all(_is_dense(*op) for op in operands) and all(tuple(st) == tuple(operands[0][1]) for _, st in operands):
+        if all(is_dense(*op) for op in operands) and all(tuple(st) == tuple(operands[0][1]) for _, st in operands):
             return list(operands[0][1])
     padded = []
     for sizes, strides in operands:

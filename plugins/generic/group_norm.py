@@ -693,16 +693,19 @@ def _target_programs(device_type: str, index: int) -> int:
 
 def plan_tiling(N: int, C: int, HxW: int, channel_inner: bool, device: torch.device) -> Tiling:
     """Tile orientation from the input's unit stride; enough chunks to fill the device."""
-    tile = _policy().tile
+    policy = _policy()
+    tile = policy.tile
     if channel_inner:
-        block_c = min(next_pow2(C), tile)
+        block_c = min(next_pow2(C), tile, policy.channel_block_max)
         block_s = min(max(tile // block_c, 1), next_pow2(HxW))
     else:
         block_s = min(next_pow2(HxW), tile)
         block_c = min(max(tile // block_s, 1), next_pow2(C))
     cblocks, sblocks = cdiv(C, block_c), cdiv(HxW, block_s)
     wanted = cdiv(_target_programs(device.type, device.index or 0), N * cblocks)
-    K = max(1, min(wanted, sblocks, _policy().max_chunks))
+    if channel_inner:  # partials per channel and chunk: no chunk shorter than min_chunk_rows
+        wanted = min(wanted, max(1, HxW // policy.min_chunk_rows))
+    K = max(1, min(wanted, sblocks, policy.max_chunks))
     chunk_tiles = cdiv(sblocks, K)
     return Tiling(block_c, block_s, cblocks, sblocks, cdiv(sblocks, chunk_tiles), chunk_tiles)
 
