@@ -46,6 +46,8 @@ def test_zero_dim_operands_are_one_element_vectors():
     (torch.randn(3, 4), 1, torch.tensor([0, 1]), torch.randn(3, 1)),  # index length
     (torch.randn(3, 4), 1, torch.tensor([0]), torch.randn(3, 1, dtype=torch.float64)),  # dtypes differ
     (torch.randn(1, 4).expand(3, 4), 1, torch.tensor([0]), torch.randn(3, 1)),  # self overlaps itself
+    (torch.randn(0, 5), 1, torch.tensor([0, 4, 1]), torch.randn(0, 3)),  # empty self: CUDA raises its own errors
+    (torch.randn(0), 0, torch.tensor([], dtype=torch.int64), torch.randn(0)),  # empty, source aliasing on CUDA
 ])
 def test_what_torch_rejects_declines_to_the_native_kernel(args):
     with pytest.raises(Decline):
