@@ -196,11 +196,33 @@ def cmd_kit(args: argparse.Namespace) -> int:
     return 1 if failed else 0
 
 
+def cmd_build(args: argparse.Namespace) -> int:
+    """Build the compiled entry now (what the first ``enable()`` would do); exit 1 when it cannot be built."""
+    import time
+
+    from . import compiled
+
+    if compiled.is_built():
+        ok, folder, reason = compiled.build()
+        print(f"flaggems build: already built ({reason}) in {folder}")
+        return 0 if ok else 1
+    start = time.perf_counter()
+    ok, folder, reason = compiled.build()
+    took = time.perf_counter() - start
+    if ok:
+        print(f"flaggems build: {reason} in {took:.0f} s, cached in {folder}")
+        return 0
+    print(f"flaggems build: {reason}; enable() will use the Python entry (FLAGGEMS_ENTRY=python says so "
+          f"without trying)", file=sys.stderr)
+    return 1
+
+
 COMMANDS: dict[str, tuple[Callable[[argparse.Namespace], int], str]] = {
     "info": (cmd_info, "backend, probes and plugins"),
     "routes": (cmd_routes, "operator routes and why"),
     "env": (cmd_env, "environment variables flaggems reads"),
     "kit": (cmd_kit, "randomized conformance kit: every implementation against native torch"),
+    "build": (cmd_build, "build the compiled entry now (the first enable() does otherwise, ~40-80 s)"),
 }
 
 

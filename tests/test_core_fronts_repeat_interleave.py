@@ -86,6 +86,10 @@ SELF_TENSOR_CASES = {
     "all zero": (torch.randn(2, 3), r(0, 0), 0, None),
     "all zero known": (torch.arange(2), r(0, 0), 0, 0),
     "zero scalar repeat": (torch.randn(3, 4), torch.tensor(0), 1, 0),
+    # one repeat over no rows: torch expands it to nothing and checks neither its sign nor output_size
+    "negative repeat, no rows": (torch.randn(0, 3), torch.tensor([-2]), 0, None),
+    "0-dim negative repeat, no elements": (torch.randn(0, 3), torch.tensor(-2), None, None),
+    "wrong output_size, no rows": (torch.randn(0, 3), torch.tensor([2]), 0, 1),
 }
 
 

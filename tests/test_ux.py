@@ -244,3 +244,29 @@ def test_kit_entries_only_skips_the_direct_calls(monkeypatch, capsys):
     assert cli.main(["kit", "--op", "neg", "--entry", "compiled"]) == 0
     assert seen == [("compiled",), ("direct", "compiled")]
     assert "modes compiled\n" in capsys.readouterr().out
+
+
+# -- flaggems build: the first enable()'s compile, ahead of time -----------------------------------------------
+def test_build_command_reports_the_folder_and_failure(monkeypatch, capsys):
+    from flaggems import compiled
+
+    monkeypatch.setattr(compiled, "is_built", lambda: False)
+    monkeypatch.setattr(compiled, "build", lambda: (True, "/cache/x", "built against torch 9"))
+    assert cli.main(["build"]) == 0
+    assert "built against torch 9" in capsys.readouterr().out
+    monkeypatch.setattr(compiled, "build", lambda: (False, "/cache/x", "cannot build: no C++ compiler"))
+    assert cli.main(["build"]) == 1
+    assert "cannot build: no C++ compiler" in capsys.readouterr().err
+
+
+def test_each_environment_and_ninja_builds_its_own_entry(monkeypatch):
+    """Two environments sharing the cache with different ninja binaries rebuilt in turn: the folder's name
+    now depends on the interpreter's environment and the tools."""
+    from flaggems import compiled
+
+    first = compiled._build_name()
+    monkeypatch.setattr(compiled.sys, "prefix", "/another/venv")
+    assert compiled._build_name() != first
+    monkeypatch.undo()
+    monkeypatch.setattr(compiled, "_tool_identity", lambda name: f"{name}:other")
+    assert compiled._build_name() != first

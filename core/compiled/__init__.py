@@ -4,9 +4,11 @@ The entry is compiled on first use against the torch that is running, with
 torch's own extension tooling (``torch.utils.cpp_extension.load``: a C++
 compiler and ninja), and cached under torch's extension directory
 (``TORCH_EXTENSIONS_DIR``, default ``~/.cache/torch_extensions``) in a folder
-named after the source's hash and the torch and Python versions: a torch
-upgrade or a new flaggems builds anew, a second process loads the cached
-library in well under a second. It needs no CUDA toolkit: the CUDA driver is
+named after a hash of the source, torch's version and ABI, the interpreter's
+environment and the compiler and ninja binaries (:func:`_build_name`): a
+torch upgrade, a new flaggems or another environment builds anew, a second
+process loads the cached library in well under a second. ``flaggems build``
+builds it ahead of time. It needs no CUDA toolkit: the CUDA driver is
 opened at run time. Built at install time instead, it would need torch in
 the build environment (build isolation would pull a second torch) and would
 break with the next torch upgrade.
@@ -35,11 +37,32 @@ _STATE: dict[str, object] = {}
 _BUILT: list[ModuleType] = []  # a built module stays loaded across resets (an extension loads once per process)
 
 
+def _tool_identity(name: str | None) -> str:
+    """A tool's resolved path, size and modification time ('' when absent): another binary, another build."""
+    path = shutil.which(name) if name else None
+    if path is None:
+        return ""
+    path = os.path.realpath(path)
+    stat = os.stat(path)
+    return f"{path}:{stat.st_size}:{stat.st_mtime_ns}"
+
+
 def _build_name() -> str:
+    """The cache folder's name: a hash of what the build depends on.
+
+    The source, torch's version and C++ ABI, the interpreter (its prefix: each
+    virtual environment builds its own) and the compiler and ninja binaries.
+    Two environments sharing the cache with different ninja versions rebuilt
+    the entry in turn, each rejecting the other's build log (~40 s a time).
+    """
     import torch
 
+    _put_pip_ninja_on_path()
     digest = hashlib.sha256(SOURCE.read_bytes())
-    digest.update(f"{torch.__version__}|{sys.version_info[:2]}".encode())
+    abi = getattr(torch._C, "_GLIBCXX_USE_CXX11_ABI", "")
+    compiler = _tool_identity(os.environ.get("CXX", "c++")) or _tool_identity("g++")
+    digest.update(f"{torch.__version__}|{abi}|{sys.version_info[:2]}|{sys.prefix}|{compiler}|"
+                  f"{_tool_identity('ninja')}".encode())
     return f"flaggems_entry_{digest.hexdigest()[:16]}"
 
 
@@ -87,10 +110,25 @@ def _build() -> ModuleType:
     name, folder = _folder()
     folder.mkdir(parents=True, exist_ok=True)
     if not is_built():
-        print(f"flaggems: compiling the compiled entry for torch {_torch_version()} (once, about 30-60 s) "
-              f"in {folder}", file=sys.stderr, flush=True)
+        print(f"flaggems: compiling the compiled entry for torch {_torch_version()} (once per environment, "
+              f"about 40-80 s on two CPU cores; `flaggems build` does it ahead of time) in {folder}",
+              file=sys.stderr, flush=True)
     return cpp_extension.load(name, sources=[str(SOURCE)], extra_cflags=["-O2"], build_directory=str(folder),
                               verbose=False)
+
+
+def build() -> tuple[bool, str, str]:
+    """Build (or find) the compiled entry now: ``(ok, folder, reason)``; never raises for a failed build."""
+    _, folder = _folder()
+    missing = _missing_tools()
+    if missing is not None:
+        return False, str(folder), f"cannot build: {missing}"
+    try:
+        module = _BUILT[0] if _BUILT else _build()
+        _BUILT[:] = [module]
+    except Exception as exc:  # noqa: BLE001 - reported to the user, who keeps the Python entry
+        return False, str(folder), f"build failed: {type(exc).__name__}: {str(exc).strip().splitlines()[-1:]}"
+    return True, str(folder), f"built against torch {_torch_version()}"
 
 
 def _torch_version() -> str:

@@ -186,6 +186,8 @@ def entries(expand: Expand, gather: Gather, dtypes: frozenset[torch.dtype] = DTY
                 or repeats.dtype not in REPEATS_DTYPES or repeats.dim() > 1 or repeats.device != self.device):
             raise Decline("invalid arguments or autograd: the native composite handles it")
         source, dim = prepared
+        if repeats.numel() == 1 and source.shape[dim] == 0:
+            return _along(source, dim, 0)  # torch expands the repeat to no rows: nothing is checked
         if repeats.numel() == 1 and source.shape[dim] != 1:
             return by_scalar_tensor(source, dim, repeats.reshape(1), output_size)
         if repeats.dim() == 0 or repeats.shape[0] != source.shape[dim]:
