@@ -19,7 +19,7 @@ from collections.abc import Iterable, Iterator
 from typing import Any
 
 from . import config as _config
-from .binding import Decline
+from .chain import Decline
 from .hookspecs import hookimpl
 from .types import Backend, OpImpl, ProbeResult, Tuning
 
@@ -141,7 +141,7 @@ def routes(op: str | None = None) -> list[dict[str, Any]]:
     the declines seen since ``enable()``, by implementation and reason (calls
     on the Python entry; layouts first seen, under the compiled entry).
     """
-    from .binding import declines_of
+    from .chain import declines_of
     from .policy import normalize_op
 
     table = _runtime().routes()

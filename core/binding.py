@@ -13,7 +13,6 @@ interpreter calls ``copy_`` on CPU tensors, for example) goes native too.
 
 from __future__ import annotations
 
-import collections
 import contextlib
 import threading
 import warnings
@@ -25,21 +24,10 @@ import torch
 from torch.autograd import forward_ad
 
 from . import compiled, log
+from .chain import DECLINES, Decline, declines_of, note_decline, walk  # noqa: F401 - re-exported
 from .policy import Route
+from .toolkit.recording import RECORDERS
 from .types import resolve_callable
-
-
-class Decline(Exception):
-    """Raise from an implementation, before any side effect, to pass the call on.
-
-    The core moves to the next implementation in the op's chain (ultimately
-    the native kernel) and logs ``reason`` on the ``fallback`` channel.
-    """
-
-    def __init__(self, reason: str = "declined") -> None:
-        super().__init__(reason)
-        self.reason = reason
-
 
 # Re-entry guards are sets of thread idents: set membership and add/discard are
 # atomic under the GIL and cost ~0.3 µs less per call than threading.local
@@ -74,9 +62,9 @@ def native_scope() -> Iterator[None]:
             entry.native_exit()
 
 
-#: The kernel toolkit's recorders (:mod:`flaggems.toolkit.recording`), bound by :mod:`flaggems.planner` when it
-#: loads: a native kernel called while a thread records does device work no recording can replay.
-_RECORDERS: dict = {}
+#: The kernel toolkit's recorders (:mod:`flaggems.toolkit.recording`): a native kernel called while a
+#: thread records does device work no recording can replay.
+_RECORDERS = RECORDERS
 
 _PY_NUMBER = (bool, int, float, complex)
 _PY_NUMBER_CLASSES = frozenset(_PY_NUMBER)
@@ -230,10 +218,6 @@ def dtype_gate(banned: frozenset[torch.dtype], backend: str,
     return gated
 
 
-def _decline_reason(verdict: Any) -> str:
-    return verdict if isinstance(verdict, str) else "supports() returned False"
-
-
 def _unservable_keys() -> dict[str, int]:
     """Dispatch keys marking a tensor no kernel of flaggems reads right, with their bits (``raw_repr``)."""
     keys = torch._C.DispatchKey
@@ -287,24 +271,6 @@ def unservable(args: Sequence[Any], kwargs: dict[str, Any] | None = None, tangen
 def _below_autograd(args: Sequence[Any], kwargs: dict[str, Any] | None = None) -> str | None:
     """:func:`unservable` for an entry on a backend key (no forward-AD tangents to look for)."""
     return unservable(args, kwargs, tangents=False)
-
-
-#: Declines seen since the last ``enable()``: ``(op, implementation, reason) -> count``. The Python entry
-#: counts calls; under the compiled entry a key planned native is counted once (its later calls replay
-#: the native plan in C++, counted per op in ``plan_stats()``).
-DECLINES: collections.Counter[tuple[str, str, str]] = collections.Counter()
-
-
-def note_decline(op: str, label: str, reason: str) -> None:
-    """Count one decline (decline paths only: the served path never calls it)."""
-    DECLINES[(op, label, reason)] += 1
-
-
-def declines_of(op: str) -> list[dict[str, Any]]:
-    """``op``'s declines so far, most frequent first: ``{"impl", "reason", "count"}``."""
-    rows = [{"impl": label, "reason": reason, "count": count}
-            for (name, label, reason), count in DECLINES.items() if name == op]
-    return sorted(rows, key=lambda row: -row["count"])
 
 
 def build_entry(op: str, chain: Sequence[ResolvedLink], native: NativeKernel,
@@ -402,6 +368,8 @@ def _build_chain_entry(op: str, chain: tuple[ResolvedLink, ...], native: NativeK
 
     slot, other_slots = _number_check(native)
     numbers = _PY_NUMBER_CLASSES
+    declined = None if fallback_log is None else (
+        lambda label, reason: fallback_log.info("%s: %s declined: %s", op, label, reason))
 
     def goes_native(me: int, args: tuple) -> bool:
         """Re-entered, inside a native scope, or a Python number in a Tensor slot."""
@@ -423,27 +391,13 @@ def _build_chain_entry(op: str, chain: tuple[ResolvedLink, ...], native: NativeK
             return native(*args, **kwargs)
         busy.add(me)
         try:
-            for link in chain:
-                if link.supports is not None:
-                    verdict = link.supports(*args, **kwargs)
-                    if verdict is not True:
-                        reason = _decline_reason(verdict)
-                        note_decline(op, link.label, reason)
-                        if fallback_log:
-                            fallback_log.info("%s: %s declined: %s", op, link.label, reason)
-                        continue
-                try:
-                    result = link.fn(*args, **kwargs)
-                except Decline as exc:
-                    note_decline(op, link.label, exc.reason)
-                    if fallback_log:
-                        fallback_log.info("%s: %s declined: %s", op, link.label, exc.reason)
-                    continue
-                if dispatch_log:
-                    dispatch_log.info("%s -> %s", op, link.label)
-                return result
+            result, served = walk(chain, args, kwargs, op, declined)
         finally:
             busy.discard(me)
+        if served is not None:
+            if dispatch_log:
+                dispatch_log.info("%s -> %s", op, served.label)
+            return result
         if dispatch_log:
             dispatch_log.info("%s -> native", op)
         return native(*args, **kwargs)

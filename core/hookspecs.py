@@ -30,8 +30,7 @@ import pluggy
 if TYPE_CHECKING:
     from .bench.workload import Workload
     from .config import EnvVar
-    from .testing import Case
-    from .types import Backend, OpImpl, Tuning
+    from .types import Backend, Case, OpImpl, Tuning
 
 PROJECT = "flaggems"
 

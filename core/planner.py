@@ -45,10 +45,9 @@ from typing import Any
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from . import autograd, binding
+from . import autograd
+from .chain import walk
 from .toolkit import recording as rec_mod
-
-binding._RECORDERS = rec_mod.RECORDERS
 
 NATIVE_PLAN = ("native",)
 PYTHON_PLAN = ("python",)
@@ -142,13 +141,13 @@ def build_planner(chain: Sequence[Any], native: Callable[..., Any], goes_native:
     ``chain`` holds the op's resolved links (``fn``, ``supports``) in order,
     ``native`` the captured native kernel, ``goes_native`` the entry's test of
     Python numbers in Tensor slots (those calls are native whatever the key);
-    declines are counted under ``op`` (:func:`flaggems.binding.note_decline`).
+    declines are counted under ``op`` (:func:`flaggems.chain.note_decline`).
     """
     def planner(args: tuple, kwargs: dict, inputs: tuple) -> tuple[Any, Any]:
         if goes_native(args):
             return native(*args, **kwargs), NATIVE_PLAN
         with rec_mod.recording(inputs) as recording, _Watch(recording), autograd.planning() as planned:
-            result, served = _run_chain(chain, args, kwargs, op)
+            result, served = walk(chain, args, kwargs, op)
         if served is not None:
             if not served.replayable:
                 return result, PYTHON_PLAN
@@ -226,23 +225,3 @@ def backward_entry(derivative: autograd.Derivative) -> tuple[Callable[..., Any],
 
 
 _BACKWARDS: dict[autograd.Derivative, tuple[Callable[..., Any], Callable[..., Any]]] = {}
-
-
-def _run_chain(chain: Sequence[Any], args: tuple, kwargs: dict, op: str = "") -> tuple[Any, Any]:
-    """``(result, the link that served)``, or ``(None, None)`` when every link declined."""
-    from .binding import Decline, _decline_reason, note_decline
-
-    for link in chain:
-        if link.supports is not None:
-            verdict = link.supports(*args, **kwargs)
-            if verdict is not True:
-                if op:
-                    note_decline(op, link.label, _decline_reason(verdict))
-                continue
-        try:
-            return link.fn(*args, **kwargs), link
-        except Decline as exc:
-            if op:
-                note_decline(op, link.label, exc.reason)
-            continue
-    return None, None

@@ -10,7 +10,10 @@ from __future__ import annotations
 import importlib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Union
+from typing import TYPE_CHECKING, Any, Union
+
+if TYPE_CHECKING:
+    import torch
 
 #: A callable, or a lazy reference ``"package.module:attribute"`` that is
 #: imported only when the core needs it (at ``enable()`` time).
@@ -124,3 +127,39 @@ class Tuning:
     key: str
     values: Mapping[str, Any] = field(default_factory=dict)
     vendor: str | None = None
+
+
+#: A case's inputs: ``(args, kwargs)``.
+Inputs = tuple[tuple[Any, ...], dict[str, Any]]
+
+
+@dataclass(frozen=True)
+class Case:
+    """One contract case of an op.
+
+    Attributes:
+        name: short unique label (shown in test ids).
+        make: ``make(device) -> (args, kwargs)``; called once per side with the
+            same random seed, so both sides get equal, independent inputs.
+        raises: exception type torch raises for these inputs (``None`` if valid).
+        match: substring expected in the error message.
+        ulps: allowed error in units in the last place of the output dtype
+            (0 = bit-exact, the default for copies and index ops).
+        check_strides: compare output strides with native (layout contract).
+        tags: labels; ``"device-assert"`` marks an error case torch answers
+            with a device-side assert on GPUs (which poisons the CUDA context):
+            there the native side is not run, and the case needs flaggems'
+            synchronous checks (``FLAGGEMS_CHECK_INDICES=1``).
+            ``"native-contiguous-on-gpu"`` marks a layout torch's GPU kernel
+            mishandles when called directly (its composite caller always makes
+            the input contiguous): off the CPU the native side gets contiguous
+            copies of the tensor inputs, which defines the expected values.
+    """
+
+    name: str
+    make: Callable[[torch.device], Inputs]
+    raises: type[BaseException] | tuple[type[BaseException], ...] | None = None
+    match: str | None = None
+    ulps: float = 0.0
+    check_strides: bool = True
+    tags: tuple[str, ...] = field(default=())

@@ -39,7 +39,7 @@ from collections.abc import Callable
 
 import torch
 
-from ..binding import Decline
+from ..chain import Decline
 from ..toolkit.dtypes import SUPPORTED_DTYPES
 from ..toolkit.layout import overlaps
 

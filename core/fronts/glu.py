@@ -36,7 +36,7 @@ from typing import Any
 import torch
 
 from .. import autograd
-from ..binding import Decline
+from ..chain import Decline
 from ..toolkit.iterator_layout import iterator_strides
 from ..toolkit.layout import remember
 from .group_norm import transformed

@@ -53,7 +53,7 @@ from dataclasses import dataclass
 import torch
 from torch.autograd import forward_ad
 
-from ..binding import Decline
+from ..chain import Decline
 
 #: Dtypes torch's group norm computes in (a vendor passes its own, narrower set).
 DTYPES = frozenset({torch.float16, torch.bfloat16, torch.float32, torch.float64})

@@ -47,7 +47,8 @@ import torch
 
 from .. import autograd
 from .. import ops as reference
-from ..binding import Decline
+from ..chain import Decline
+from ..toolkit.iterator_layout import iterator_strides
 from ..toolkit.layout import remember
 from . import group_norm
 
@@ -70,8 +71,19 @@ def reason(input: torch.Tensor, num_groups: int, weight: torch.Tensor | None, bi
 
 
 def allocate(input: torch.Tensor) -> torch.Tensor:
-    """The output, uninitialised: the input's shape and dtype in its suggested memory format."""
-    return torch.empty_like(input, memory_format=group_norm.suggest_memory_format(input))
+    """The output, uninitialised: the input's shape and dtype in its suggested memory format.
+
+    With a size-1 dimension, the strides the reference's SiLU gives that layout (TensorIterator sets a
+    size-1 dimension's stride from the dimensions inside it: ``[2, 6, 1, 1]`` channels_last comes back
+    ``(6, 1, 1, 1)``, not ``empty_like``'s ``(6, 1, 6, 6)``).
+    """
+    fmt = group_norm.suggest_memory_format(input)
+    if 1 not in input.shape:
+        return torch.empty_like(input, memory_format=fmt)
+    shape = list(input.shape)
+    dense = torch.empty(shape, device="meta", memory_format=fmt).stride()
+    strides = iterator_strides(shape, [(shape, dense)])
+    return torch.empty_strided(shape, strides, dtype=input.dtype, device=input.device)
 
 
 def allocate_backward(input: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None,

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..binding import Decline
+from ..chain import Decline
 from ..toolkit import checks
 from ..toolkit.dtypes import SUPPORTED_DTYPES
 

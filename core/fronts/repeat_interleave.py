@@ -72,7 +72,7 @@ from collections.abc import Callable
 
 import torch
 
-from ..binding import Decline
+from ..chain import Decline
 from ..toolkit import checks
 from ..toolkit.dtypes import SUPPORTED_DTYPES
 

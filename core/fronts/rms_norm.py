@@ -59,7 +59,7 @@ import torch
 
 from .. import autograd
 from .. import ops as reference
-from ..binding import Decline
+from ..chain import Decline
 from ..toolkit.iterator_layout import contiguous_strides, is_dense, iterator_strides
 from ..toolkit.layout import remember
 from .group_norm import suggest_memory_format, transformed

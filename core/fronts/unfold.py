@@ -30,7 +30,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..binding import Decline
+from ..chain import Decline
 
 #: Dtypes the shared ``unfold_backward`` kernel sums (a vendor passes its own set).
 BACKWARD_DTYPES = frozenset({torch.float16, torch.bfloat16, torch.float32, torch.float64})

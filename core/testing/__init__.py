@@ -21,47 +21,17 @@ import importlib
 import pkgutil
 import zlib
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-Inputs = tuple[tuple[Any, ...], dict[str, Any]]
+from ..types import Case, Inputs  # noqa: F401 - re-exported: plugins build cases from flaggems.testing
 
 #: One-ulp relative tolerance per float dtype.
 ULP = {torch.float16: 2.0**-10, torch.bfloat16: 2.0**-7, torch.float32: 2.0**-23, torch.float64: 2.0**-52}
 
 
-@dataclass(frozen=True)
-class Case:
-    """One contract case of an op.
-
-    Attributes:
-        name: short unique label (shown in test ids).
-        make: ``make(device) -> (args, kwargs)``; called once per side with the
-            same random seed, so both sides get equal, independent inputs.
-        raises: exception type torch raises for these inputs (``None`` if valid).
-        match: substring expected in the error message.
-        ulps: allowed error in units in the last place of the output dtype
-            (0 = bit-exact, the default for copies and index ops).
-        check_strides: compare output strides with native (layout contract).
-        tags: labels; ``"device-assert"`` marks an error case torch answers
-            with a device-side assert on GPUs (which poisons the CUDA context):
-            there the native side is not run, and the case needs flaggems'
-            synchronous checks (``FLAGGEMS_CHECK_INDICES=1``).
-            ``"native-contiguous-on-gpu"`` marks a layout torch's GPU kernel
-            mishandles when called directly (its composite caller always makes
-            the input contiguous): off the CPU the native side gets contiguous
-            copies of the tensor inputs, which defines the expected values.
-    """
-
-    name: str
-    make: Callable[[torch.device], Inputs]
-    raises: type[BaseException] | tuple[type[BaseException], ...] | None = None
-    match: str | None = None
-    ulps: float = 0.0
-    check_strides: bool = True
-    tags: tuple[str, ...] = field(default=())
 
 
 _CASES: dict[str, list[Case]] = {}
@@ -190,7 +160,7 @@ def run_native(op: str, case: Case, dev: torch.device) -> tuple[Any, Inputs]:
 
 def run_impl(item: Item, dev: torch.device) -> tuple[Any, Inputs]:
     """Run one implementation on fresh inputs (raises :class:`Declined`)."""
-    from ..binding import Decline
+    from ..chain import Decline
 
     args, kwargs = _build(item.case, dev)
     if item.supports is not None:

@@ -395,7 +395,3 @@ GENERATORS: dict[str, Callable[[random.Random, torch.device], Gen]] = {
     "unfold": gen_unfold,
     "unfold_backward": gen_unfold_backward,
 }
-
-from ._generators_fused import FUSED_GENERATORS  # noqa: E402 - last: it imports Gen and norm_shape from here
-
-GENERATORS.update(FUSED_GENERATORS)

@@ -41,12 +41,16 @@ from typing import Any
 import torch
 
 from . import DEVICE_ASSERT, NATIVE_CONTIGUOUS_ON_GPU, Case, Declined, assert_same, cases_for, device
-from ._generators import GENERATORS
+from ._generators import GENERATORS as ATEN_GENERATORS
+from ._generators_fused import FUSED_GENERATORS
 from ._layouts import Built, relayout, written_arguments
 
 #: Modes a case runs through: the implementation's function, then the dispatcher under each entry.
 MODES = ("direct", "compiled", "python")
 GENERATED = "generated"
+
+#: Every op's random case generator: the aten ops' and the fused ops' (which build on the former's helpers).
+GENERATORS = {**ATEN_GENERATORS, **FUSED_GENERATORS}
 
 #: Ops whose native kernel computes the expected values from contiguous copies, on every device. torch
 #: calls these kernels only from its composites, with contiguous (or matching channels_last) tensors, and
@@ -277,7 +281,7 @@ def gate(args: tuple, kwargs: dict) -> str | None:
 
 def call_impl(target: Target, prep: Prepared) -> Outcome:
     """Call the implementation's function directly (raises :class:`~flaggems.testing.Declined`)."""
-    from ..binding import Decline
+    from ..chain import Decline
 
     args, kwargs = prep.built.args, prep.built.kwargs
     reason = gate(args, kwargs)
