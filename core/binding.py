@@ -23,7 +23,7 @@ from typing import Any
 import torch
 from torch.autograd import forward_ad
 
-from . import compiled, log
+from . import compiled, config, log
 from .chain import DECLINES, Decline, declines_of, note_decline, walk  # noqa: F401 - re-exported
 from .policy import Route
 from .toolkit.recording import RECORDERS
@@ -500,13 +500,14 @@ class Binding:
                                     autograd_key=key.startswith("Autograd"))
                 prepared.append((op, key, chain, entry, native))
         if use_compiled:
+            strict = bool(config.get("FLAGGEMS_STRICT"))  # a malformed plan raises instead of being counted
             registry = compiled_entry.Registry()
             for op, key, chain, entry, native in prepared:
                 namespace, qualified = namespace_of(op)
                 name, _, overload = qualified.partition(".")
                 registry.add(f"{namespace}::{name}", overload, key, entry,
                              build_planner(chain, native, goes_native_test(native), op), PLAN_CAPACITY,
-                             PLAN_FREE_MISSES, PLAN_RETRY_EVERY)
+                             PLAN_FREE_MISSES, PLAN_RETRY_EVERY, strict)
             registry.register_all()
             self.registry = registry
         else:

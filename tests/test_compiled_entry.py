@@ -488,3 +488,52 @@ def test_planning_resumes_once_plans_are_reused(replay_neg, monkeypatch):
     after = _stats(replay_neg, "neg")
     assert after["replay"] - before["replay"] == len(stable) and after["miss"] == before["miss"]
     assert 2 * after["reused"] >= after["miss"], after
+
+
+def _malformed_planner(monkeypatch):
+    """Every planner answers a plan the entry cannot parse (a planner bug), after serving the call."""
+    from flaggems import planner
+
+    real = planner.build_planner
+
+    def build(*args, **kwargs):
+        plan = real(*args, **kwargs)
+
+        def malformed(call_args, call_kwargs, inputs):
+            result, _ = plan(call_args, call_kwargs, inputs)
+            return result, ("replay", "not a plan")
+
+        return malformed
+
+    monkeypatch.setattr(planner, "build_planner", build)
+
+
+def test_a_malformed_plan_is_counted_and_the_call_still_served(runtime, monkeypatch):
+    _malformed_planner(monkeypatch)
+    monkeypatch.setenv("FLAGGEMS_ENTRY", "compiled")
+    compiled.reset()
+    runtime.manager.register(ReplayNeg(), "replay-neg")
+    flaggems.enable()
+    try:
+        x = torch.randn(8, device=dev())
+        assert torch.equal(torch.neg(x), minus(x))
+        stats = _stats(runtime, "neg")
+        assert stats["rejected"] == 1 and stats["plans"] == 0
+    finally:
+        flaggems.disable()
+        compiled.reset()
+
+
+def test_under_strict_a_malformed_plan_raises(runtime, monkeypatch):
+    _malformed_planner(monkeypatch)
+    monkeypatch.setenv("FLAGGEMS_ENTRY", "compiled")
+    monkeypatch.setenv("FLAGGEMS_STRICT", "1")
+    compiled.reset()
+    runtime.manager.register(ReplayNeg(), "replay-neg")
+    flaggems.enable()
+    try:
+        with pytest.raises(RuntimeError, match="returned a malformed plan"):
+            torch.neg(torch.randn(8, device=dev()))
+    finally:
+        flaggems.disable()
+        compiled.reset()

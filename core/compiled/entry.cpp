@@ -374,6 +374,7 @@ struct PlanBudget {
   size_t capacity;       // plans kept (all are dropped when full)
   int64_t free_misses;   // misses always planned
   int64_t retry_every;   // past those, while fewer than half the plans made were reused: plan one miss in this many
+  bool strict = false;   // a malformed plan raises (FLAGGEMS_STRICT) instead of being counted in stats.rejected
 };
 
 std::atomic<bool> profiling{false};
@@ -1171,8 +1172,10 @@ void serve(OpState& st, torch::jit::Stack* stack) {
     std::shared_ptr<const Plan> made;
     try {
       made = parse_plan(pair[1], st);
-    } catch (const std::exception&) {
+    } catch (const std::exception& e) {
       st.stats.rejected.fetch_add(1, std::memory_order_relaxed);  // a malformed plan: the call stays served
+      TORCH_CHECK(!st.budget.strict, "flaggems: the planner of ", st.name, " returned a malformed plan (",
+                  e.what(), "); FLAGGEMS_STRICT makes this an error");
     }
     if (made) store(st, std::move(miss_key), std::move(made));
   }
@@ -1419,7 +1422,7 @@ class Registry {
  public:
   // Captures the native kernels now (before any override of this registry).
   void add(const std::string& name, const std::string& overload, const std::string& key_name, py::object entry,
-           py::object planner, size_t capacity, int64_t free_misses, int64_t retry_every) {
+           py::object planner, size_t capacity, int64_t free_misses, int64_t retry_every, bool strict) {
     TORCH_CHECK(capacity > 0 && free_misses >= 0 && retry_every > 0, "flaggems: bad plan budget");
     const auto key = c10::parseDispatchKey(key_name);
     auto handle = c10::Dispatcher::singleton().findSchemaOrThrow(name.c_str(), overload.c_str());
@@ -1427,7 +1430,7 @@ class Registry {
     const std::string full = overload.empty() ? name : name + "." + overload;
     Slot& slot = slot_for(handle, full, key, key_name);
     auto state = std::make_shared<OpState>(full, handle, slot.below, key, std::move(entry), std::move(planner), grad,
-                                           PlanBudget{capacity, free_misses, retry_every}, backwards_);
+                                           PlanBudget{capacity, free_misses, retry_every, strict}, backwards_);
     pending_.push_back({state, &slot});
     states_[full + "@" + key_name] = state;
   }
@@ -1524,7 +1527,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   py::class_<Registry>(m, "Registry")
       .def(py::init<>())
       .def("add", &Registry::add, py::arg("name"), py::arg("overload"), py::arg("key"), py::arg("entry"),
-           py::arg("planner"), py::arg("capacity"), py::arg("free_misses"), py::arg("retry_every"))
+           py::arg("planner"), py::arg("capacity"), py::arg("free_misses"), py::arg("retry_every"),
+           py::arg("strict") = false)
       .def("register_all", &Registry::register_all)
       .def("unregister_all", &Registry::unregister_all)
       .def("clear_plans", &Registry::clear_plans)
