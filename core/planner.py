@@ -13,6 +13,8 @@ result) while watching what it does:
 
 and answers one of:
 
+The records are :mod:`flaggems.toolkit.plans`' (named tuples, read by position in C++):
+
 * ``("replay", allocations, steps, returns[, pinned, stream])``: the call was
   served by launches over its inputs and fresh allocations only, or also over
   state buffers the plan owns (:meth:`flaggems.toolkit.recording.Recording.pin`),
@@ -47,10 +49,10 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from . import autograd
 from .chain import walk
+from .toolkit import plans
 from .toolkit import recording as rec_mod
 
-NATIVE_PLAN = ("native",)
-PYTHON_PLAN = ("python",)
+NATIVE_PLAN, PYTHON_PLAN = plans.NATIVE_PLAN, plans.PYTHON_PLAN
 
 _aten = torch.ops.aten
 #: Torch ops that allocate without touching data: their results may become plan allocations.
@@ -127,11 +129,11 @@ def replay_spec(recording: rec_mod.Recording, result: Any, *, graph_free: bool =
             return PYTHON_PLAN
         if alloc.ref() is not None and alloc.begin not in kept:
             return PYTHON_PLAN  # kept alive by the implementation: a persistent workspace, not the call's own
-    allocations = tuple((a.sizes, a.strides, a.dtype) for a in recording.allocations)
+    allocations = tuple(plans.Allocation(a.sizes, a.strides, a.dtype) for a in recording.allocations)
     if recording.pinned:
-        return ("replay", allocations, tuple(recording.steps), tuple(returns), tuple(recording.pinned),
-                recording.stream)
-    return ("replay", allocations, tuple(recording.steps), tuple(returns))
+        return plans.PinnedReplay("replay", allocations, tuple(recording.steps), tuple(returns),
+                                  tuple(recording.pinned), recording.stream)
+    return plans.Replay("replay", allocations, tuple(recording.steps), tuple(returns))
 
 
 def build_planner(chain: Sequence[Any], native: Callable[..., Any], goes_native: Callable[[tuple], bool],
@@ -180,7 +182,7 @@ def autograd_spec(recording: rec_mod.Recording, notes: Sequence[autograd.Note], 
             o is not r for o, r in zip(outputs, note.results)):
         return PYTHON_PLAN  # the front returned something else than the node's outputs
     forward = replay_spec(recording, note.results, graph_free=False)
-    if forward[0] != "replay" or len(forward) > 4:
+    if not isinstance(forward, plans.Replay):
         return PYTHON_PLAN  # a forward with state buffers: the node's replay does not bind streams
     slots = []
     for tensor in note.differentiable:
@@ -200,9 +202,9 @@ def autograd_spec(recording: rec_mod.Recording, notes: Sequence[autograd.Note], 
         saved.append((rec_mod.ALLOCATION, found[0]))
     derivative = note.derivative
     entry, planner = backward_entry(derivative)
-    return ("autograd", forward, note.outputs, tuple(slots), tuple(saved),
-            (derivative.name, f"{derivative.name}{derivative.schema}", entry, planner), note.args,
-            derivative.double_backward, note.extra)
+    backward = plans.Backward(derivative.name, f"{derivative.name}{derivative.schema}", entry, planner)
+    return plans.AutogradPlan("autograd", forward, note.outputs, tuple(slots), tuple(saved), backward, note.args,
+                              derivative.double_backward, note.extra)
 
 
 class _BackwardLink:

@@ -843,6 +843,8 @@ std::shared_ptr<const Plan> parse_autograd(py::tuple t, OpState& st) {
   return plan;
 }
 
+// The plan records are defined once, in Python: flaggems/toolkit/plans.py (named tuples, read here by
+// position; tests/test_plans.py pins their field order).
 std::shared_ptr<const Plan> parse_plan(py::handle spec, OpState& st) {
   auto plan = std::make_shared<Plan>();
   py::tuple t = py::reinterpret_borrow<py::tuple>(spec);

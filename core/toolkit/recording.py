@@ -40,7 +40,7 @@ from typing import Any
 
 import torch
 
-INPUT, ALLOCATION, PINNED = 0, 1, 2
+from .plans import ALLOCATION, INPUT, NULL_ARG, PINNED, CudaStep, PythonStep, TensorRef, const, pointer  # noqa: F401 - INPUT, ALLOCATION, PINNED re-exported
 
 #: Byte width of the constants a ``cuda`` step may pass (Triton signature types).
 _CONSTANT_BYTES = {"i1": 1, "i8": 1, "i16": 2, "i32": 4, "i64": 8, "u1": 1, "u8": 1, "u16": 2, "u32": 4, "u64": 8,
@@ -142,19 +142,20 @@ class Recording:
             if tensor.dtype != base.dtype:
                 return None
             if tensor.storage_offset() == 0 and tensor.shape == base.shape and tensor.stride() == base.stride():
-                return (PINNED, index, True, (), (), 0)
-            return (PINNED, index, False, tuple(tensor.shape), tuple(tensor.stride()), tensor.storage_offset())
+                return TensorRef(PINNED, index, True, (), (), 0)
+            return TensorRef(PINNED, index, False, tuple(tensor.shape), tuple(tensor.stride()),
+                             tensor.storage_offset())
         base_dtype = self.inputs[index].dtype if source == INPUT else self.allocations[index].dtype
         if tensor.dtype != base_dtype:
             return None
         if source == INPUT and tensor is self.inputs[index]:
-            return (INPUT, index, True, (), (), 0)
+            return TensorRef(INPUT, index, True, (), (), 0)
         if source == ALLOCATION:
             alloc = self.allocations[index]
             if (tensor.storage_offset() == 0 and tuple(tensor.shape) == alloc.sizes
                     and tuple(tensor.stride()) == alloc.strides):
-                return (ALLOCATION, index, True, (), (), 0)
-        return (source, index, False, tuple(tensor.shape), tuple(tensor.stride()), tensor.storage_offset())
+                return TensorRef(ALLOCATION, index, True, (), (), 0)
+        return TensorRef(source, index, False, tuple(tensor.shape), tuple(tensor.stride()), tensor.storage_offset())
 
     def add_launch(self, launcher: Any, grid: Sequence[int], args: Sequence[Any], full_args: Sequence[Any],
                    kernel: Any) -> None:
@@ -182,7 +183,7 @@ class Recording:
                 values.append(None)
             else:
                 values.append(arg)
-        return ("python", launcher, grid, tuple(values), tuple(slots))
+        return PythonStep("python", launcher, grid, tuple(values), tuple(slots))
 
 
 def _signature(kernel: Any) -> list[tuple[int, str]] | None:
@@ -210,12 +211,12 @@ def _constant(kind: str, value: Any) -> tuple | None:
     if kind in ("fp32", "f32"):
         import struct
 
-        return ("const", 4, int.from_bytes(struct.pack("<f", float(value)), "little"))
+        return const(4, int.from_bytes(struct.pack("<f", float(value)), "little"))
     if kind == "fp64":
         import struct
 
-        return ("const", 8, int.from_bytes(struct.pack("<d", float(value)), "little", signed=True))
-    return ("const", size, int(value))
+        return const(8, int.from_bytes(struct.pack("<d", float(value)), "little", signed=True))
+    return const(size, int(value))
 
 
 def _cuda_step(rec: Recording, kernel: Any, grid: tuple, full_args: Sequence[Any]) -> tuple | None:
@@ -237,7 +238,7 @@ def _cuda_step(rec: Recording, kernel: Any, grid: tuple, full_args: Sequence[Any
             if where is None:
                 rec.spoil("a kernel pointer outside the call's inputs and allocations")
                 return None
-            params.append(("ptr", *where))
+            params.append(pointer(*where))
         else:
             const = _constant(kind, value)
             if const is None or isinstance(value, torch.Tensor):
@@ -247,10 +248,10 @@ def _cuda_step(rec: Recording, kernel: Any, grid: tuple, full_args: Sequence[Any
         if hasattr(metadata, name):
             if getattr(metadata, name):
                 return None  # the kernel needs Triton's scratch allocator: the python form allocates it
-            params.append(("null",))
-    return ("cuda", int(function), grid, 32 * int(metadata.num_warps), int(metadata.shared),
-            bool(getattr(metadata, "launch_pdl", False)), bool(getattr(metadata, "launch_cooperative_grid", False)),
-            tuple(params))
+            params.append(NULL_ARG)
+    return CudaStep("cuda", int(function), grid, 32 * int(metadata.num_warps), int(metadata.shared),
+                    bool(getattr(metadata, "launch_pdl", False)),
+                    bool(getattr(metadata, "launch_cooperative_grid", False)), tuple(params))
 
 
 def current() -> Recording | None:
