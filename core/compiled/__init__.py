@@ -31,6 +31,8 @@ from types import ModuleType
 from .. import config, log
 
 SOURCE = Path(__file__).with_name("entry.cpp")
+#: The source's parts (``entry_*.inc``, included by ``entry.cpp``): all of them key the build.
+PARTS = tuple(sorted(SOURCE.parent.glob("entry_*.inc")))
 
 _LOCK = threading.Lock()
 _STATE: dict[str, object] = {}
@@ -59,6 +61,8 @@ def _build_name() -> str:
 
     _put_pip_ninja_on_path()
     digest = hashlib.sha256(SOURCE.read_bytes())
+    for part in PARTS:
+        digest.update(part.read_bytes())
     abi = getattr(torch._C, "_GLIBCXX_USE_CXX11_ABI", "")
     compiler = _tool_identity(os.environ.get("CXX", "c++")) or _tool_identity("g++")
     digest.update(f"{torch.__version__}|{abi}|{sys.version_info[:2]}|{sys.prefix}|{compiler}|"
