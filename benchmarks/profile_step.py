@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import collections
-import contextlib
 import json
 import time
 
@@ -70,19 +69,9 @@ def _profile(case: models.Case, side: models.Side, top: int) -> dict:
     return {"side": side.name, "wall_ms": wall, "kernel_ms": kernel_ms, "top": rows}
 
 
-@contextlib.contextmanager
-def _no_tf32():
-    saved = torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32
-    torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = False
-    try:
-        yield
-    finally:
-        torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = saved
-
-
 def _accuracy(case: models.Case, sides: list[models.Side]) -> dict:
     """Worst relative norm error of each side (TF32 as configured) against torch without TF32."""
-    with _no_tf32(), sides[0].active(case):
+    with models.no_tf32(), sides[0].active(case):
         exact = models.detached_copy(case.checked_step())
     worst = {}
     for side in sides:
