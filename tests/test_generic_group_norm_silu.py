@@ -547,6 +547,18 @@ def test_a_size_1_dimension_does_not_make_an_input_channels_last(enabled):
     x = torch.empty_strided((2, 2, 1, 5), (10, 1, 40, 2), device=DEV).copy_(torch.randn(2, 2, 1, 5))
     expected, _ = reference(x, 1, None, None)
     y = call(x, 1, None, None)
+    assert not flaggems.binding.DECLINES, "the kernel must serve it, not the reference"
     assert gn_front.suggest_memory_format(x) == torch.contiguous_format and y.is_contiguous()
     assert_layout(y, x, expected)
+    assert_ulps(y, expected, ULPS[F32])
+
+
+def test_a_channels_last_1x1_input_gets_the_references_size_1_strides(enabled):
+    """``[2, 6, 1, 1]`` channels_last: SiLU's TensorIterator gives ``(6, 1, 1, 1)``, not ``empty_like``'s
+    ``(6, 1, 6, 6)`` (the kit's spatial-1x1 case)."""
+    x = torch.empty_strided((2, 6, 1, 1), (6, 1, 6, 6), device=DEV).copy_(torch.randn(2, 6, 1, 1))
+    expected, _ = reference(x, 2, None, None)
+    y = call(x, 2, None, None)
+    assert not flaggems.binding.DECLINES
+    assert y.stride() == (6, 1, 1, 1) and (DEV.type != "cpu" or y.stride() == expected.stride())
     assert_ulps(y, expected, ULPS[F32])

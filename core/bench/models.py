@@ -610,11 +610,19 @@ def grads_check(reference: Sequence[torch.Tensor], output: Sequence[torch.Tensor
         return Check(True, text, worst)
     if exact is None:
         return Check(False, f"{text}; outside: {len(outside)} tensors (first: {outside[0]})", worst)
-    fp32 = tensors_of(exact())
-    worse = [i for i in outside if _relative_norm(fp32[i], outs[i]) > ACCURACY_FACTOR * _relative_norm(
-        fp32[i], refs[i])]
-    verdict = (f"the {len(outside)} outside it are as accurate as torch against fp32 (<= {ACCURACY_FACTOR:g}x)"
-               if not worse else f"{len(worse)} less accurate than torch against fp32 (first: tensor {worse[0]})")
+    return _judged_against(text, worst, outside, refs, outs, tensors_of(exact()), "fp32")
+
+
+def _judged_against(text: str, worst: float, outside: Sequence[int], refs: Sequence[torch.Tensor],
+                    outs: Sequence[torch.Tensor], exact: Sequence[torch.Tensor], what: str) -> Check:
+    """The tensors ``outside`` the tolerance pass when each is at most :data:`ACCURACY_FACTOR` x as far from
+    ``exact`` (relative norm) as torch's own."""
+    side = [_relative_norm(exact[i], outs[i]) for i in outside]
+    base = [_relative_norm(exact[i], refs[i]) for i in outside]
+    worse = [i for i, a, b in zip(outside, side, base) if a > ACCURACY_FACTOR * b]
+    verdict = (f"the {len(outside)} outside it are as accurate as torch against {what} (worst {max(side):.3g}, "
+               f"torch's {max(base):.3g}; <= {ACCURACY_FACTOR:g}x each)" if not worse else
+               f"{len(worse)} less accurate than torch against {what} (first: tensor {worse[0]})")
     return Check(not worse, f"{text}; {verdict}", worst)
 
 
@@ -761,14 +769,7 @@ def _relative_norms(reference: Any, output: Any, limit: float,
         return Check(True, text, max(errors))
     if exact is None:
         return Check(False, f"{text}; outside: {len(outside)} (first: {outside[0]})", max(errors))
-    fp32 = tensors_of(exact())
-    side = [_relative_norm(fp32[i], outs[i]) for i in outside]
-    base = [_relative_norm(fp32[i], refs[i]) for i in outside]
-    worse = [i for i, a, b in zip(outside, side, base) if a > ACCURACY_FACTOR * b]
-    verdict = (f"the {len(outside)} outside it are as accurate as torch against fp32 without TF32 (worst "
-               f"{max(side):.3g}, torch's {max(base):.3g}; <= {ACCURACY_FACTOR:g}x each)" if not worse else
-               f"{len(worse)} less accurate than torch against fp32 without TF32 (first: tensor {worse[0]})")
-    return Check(not worse, f"{text}; {verdict}", max(errors))
+    return _judged_against(text, max(errors), outside, refs, outs, tensors_of(exact()), "fp32 without TF32")
 
 
 @contextlib.contextmanager
