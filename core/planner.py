@@ -29,6 +29,9 @@ The records are :mod:`flaggems.toolkit.plans`' (named tuples, read by position i
   launches);
 * ``None``: nothing is cached (the call raised, or could not be watched).
 
+A replay may come with a third answer, a generic plan that serves the call's
+whole layout class at other sizes (:mod:`flaggems.generalize`).
+
 The entry budgets misses (``binding.PLAN_FREE_MISSES``, ``PLAN_RETRY_EVERY``):
 planning costs several Python-path calls, so an op whose plans are not used
 again stops planning most of its misses until they are.
@@ -36,7 +39,8 @@ again stops planning most of its misses until they are.
 The plan is only as good as the key: everything an implementation decides
 from must be in it (the entry keys dtypes, sizes, strides, storage offsets,
 address mod 16, aliasing, devices and scalar arguments; flags are read once
-and plans are dropped at every ``enable()``/``disable()``).
+and plans are dropped at every ``enable()``/``disable()``). A generic plan is
+only as good as its class key and guards (see :mod:`flaggems.generalize`).
 """
 
 from __future__ import annotations
@@ -47,7 +51,7 @@ from typing import Any
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from . import autograd
+from . import autograd, generalize
 from .chain import walk
 from .toolkit import plans
 from .toolkit import recording as rec_mod
@@ -137,15 +141,21 @@ def replay_spec(recording: rec_mod.Recording, result: Any, *, graph_free: bool =
 
 
 def build_planner(chain: Sequence[Any], native: Callable[..., Any], goes_native: Callable[[tuple], bool],
-                  op: str = "") -> Callable[[tuple, dict, tuple], tuple[Any, Any]]:
-    """The planner of one op: ``planner(args, kwargs, inputs) -> (result, plan or None)``.
+                  op: str = "") -> Callable[..., tuple[Any, ...]]:
+    """The planner of one op: ``planner(args, kwargs, inputs, layout=None) -> (result, plan or None[,
+    generic plan or None])``.
 
     ``chain`` holds the op's resolved links (``fn``, ``supports``) in order,
     ``native`` the captured native kernel, ``goes_native`` the entry's test of
     Python numbers in Tensor slots (those calls are native whatever the key);
     declines are counted under ``op`` (:func:`flaggems.chain.note_decline`).
+    ``layout`` is the call's class key from the entry: replays of one class are
+    kept, and a generic plan is returned once they generalise
+    (:mod:`flaggems.generalize`).
     """
-    def planner(args: tuple, kwargs: dict, inputs: tuple) -> tuple[Any, Any]:
+    points = generalize.Points()
+
+    def planner(args: tuple, kwargs: dict, inputs: tuple, layout: Sequence[int] | None = None) -> tuple[Any, ...]:
         if goes_native(args):
             return native(*args, **kwargs), NATIVE_PLAN
         with rec_mod.recording(inputs) as recording, _Watch(recording), autograd.planning() as planned:
@@ -155,7 +165,8 @@ def build_planner(chain: Sequence[Any], native: Callable[..., Any], goes_native:
                 return result, PYTHON_PLAN
             if planned.notes:
                 return result, autograd_spec(recording, planned.notes, result)
-            return result, replay_spec(recording, result)
+            plan = replay_spec(recording, result)
+            return result, plan, points.add(layout, inputs, plan)
         if recording.steps:
             return native(*args, **kwargs), None  # a link launched, then declined: do not trust this key
         if recording.taint is None and all(link.replayable for link in chain):

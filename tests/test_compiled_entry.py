@@ -465,8 +465,8 @@ def _tight_budget(monkeypatch, free: int = 4, retry: int = 3) -> None:
 
 def test_shapes_that_never_come_back_stop_being_planned(replay_neg, monkeypatch):
     _tight_budget(monkeypatch)
-    for n in range(10, 30):  # 20 keys, each seen once
-        x = torch.randn(n, device=dev())
+    for n in range(10, 30):  # 20 keys, each seen once and each its own layout class (another rank)
+        x = torch.randn((1,) * (n - 10) + (n,), device=dev())
         assert torch.equal(torch.neg(x), minus(x))
     stats = _stats(replay_neg, "neg")
     # 4 free misses, then one in 3 of the 16 skipped (the 3rd, 6th, ..., 15th) still plans
@@ -499,8 +499,8 @@ def _malformed_planner(monkeypatch):
     def build(*args, **kwargs):
         plan = real(*args, **kwargs)
 
-        def malformed(call_args, call_kwargs, inputs):
-            result, _ = plan(call_args, call_kwargs, inputs)
+        def malformed(call_args, call_kwargs, inputs, layout=None):
+            result = plan(call_args, call_kwargs, inputs, layout)[0]
             return result, ("replay", "not a plan")
 
         return malformed

@@ -12,7 +12,9 @@
 //   autograd a replayed forward under a C++ autograd node whose backward is
 //           another keyed entry (a schema-only backward op with its own plans)
 // A miss calls the planner, which runs the call through the Python entry and
-// may return a plan. No op semantics live here: the planner decides them all.
+// may return a plan; a miss whose layout class has a generic plan (one replay
+// computed from the call's sizes, entry_generic.inc) is served from it without
+// Python. No op semantics live here: the planner decides them all.
 //
 // One translation unit in parts: each entry_<part>.inc below is a section of
 // it, included in order inside the anonymous namespace (not a standalone
@@ -39,6 +41,8 @@
 #include <ATen/EmptyTensor.h>
 #include <c10/core/Allocator.h>
 
+#include <algorithm>
+#include <array>
 #include <atomic>
 #include <chrono>
 #include <cstring>
@@ -60,6 +64,7 @@ namespace {
 #include "entry_state.inc"  // per-op state
 #include "entry_replay.inc"  // replay
 #include "entry_specs.inc"  // plan specs from Python
+#include "entry_generic.inc"  // plans generic over sizes
 #include "entry_kernel.inc"  // the kernel
 #include "entry_slots.inc"  // slots
 #include "entry_typed.inc"  // typed entries
@@ -85,4 +90,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("native_enter", [] { ++native_depth; });
   m.def("native_exit", [] { --native_depth; });
   m.def("driver", [] { return py::make_tuple(driver().launch != nullptr, driver().reason); });
+  m.def("call_atoms", [](const std::vector<at::Tensor>& inputs) {
+    std::vector<int64_t> atoms;
+    call_atoms(refs_of(inputs), atoms);
+    return atoms;
+  }, "The atoms a generic plan computes from (flaggems.generalize.atoms must agree).");
 }

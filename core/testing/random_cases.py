@@ -450,6 +450,8 @@ class Tally:
     failures: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     cpu_s: float = 0.0
+    #: Compiled entry: the op's calls served by a generic plan at a size no plan was made for.
+    generic: int = 0
 
     @property
     def total(self) -> int:
@@ -489,10 +491,21 @@ def run_target(target: Target, cases: list[RandomCase], mode: str, seed: int, de
                     tally.notes.append(f"time budget of {seconds:g} s reached after {index} of {len(cases)} cases")
                     break
                 _count(tally, target, rc, mode, seed, dev, max_failures)
+            if mode == "compiled":
+                tally.generic = _generic_calls(target.op)
     except Unroutable as exc:
         tally.notes.append(str(exc))
     tally.cpu_s = time.process_time() - start
     return tally
+
+
+def _generic_calls(op: str) -> int:
+    from ..policy import normalize_op
+    from ..runtime import RUNTIME
+
+    name = normalize_op(op).split(".")[0]
+    return sum(stats.get("generic", 0) for key, stats in RUNTIME.plan_stats().items()
+               if key.split("@")[0].removeprefix("aten::").split(".")[0] == name)
 
 
 def _mode_context(target: Target, mode: str) -> contextlib.AbstractContextManager:

@@ -50,7 +50,8 @@ class Allocation(NamedTuple):
 
 
 class Const(NamedTuple):
-    """A scalar kernel argument: ``size`` bytes holding ``bits`` (an int, or a float's bit pattern)."""
+    """A scalar kernel argument: ``size`` bytes holding ``bits``; ``kind`` ``"const"`` for an integer,
+    ``"float"`` for a float's bit pattern (never made symbolic by a generic plan)."""
 
     kind: str
     size: int
@@ -58,8 +59,13 @@ class Const(NamedTuple):
 
 
 def const(size: int, bits: int) -> Const:
-    """A :class:`Const` record."""
+    """A :class:`Const` record of an integer."""
     return Const("const", size, bits)
+
+
+def fconst(size: int, bits: int) -> Const:
+    """A :class:`Const` record of a float's bits."""
+    return Const("float", size, bits)
 
 
 class Pointer(NamedTuple):
@@ -82,7 +88,9 @@ NULL_ARG = ("null",)
 
 class CudaStep(NamedTuple):
     """A compiled kernel launched through the CUDA driver: ``params`` are :class:`Pointer`, :class:`Const`
-    or :data:`NULL_ARG`, in the kernel's parameter order."""
+    or :data:`NULL_ARG`, in the kernel's parameter order; ``ints`` the launch's integer runtime arguments,
+    those Triton specialised away (a 1) included (the entry does not read them; a generic plan guards
+    their specialisation classes)."""
 
     kind: str
     function: int
@@ -92,6 +100,7 @@ class CudaStep(NamedTuple):
     pdl: bool
     cooperative: bool
     params: tuple[Any, ...]
+    ints: tuple[int, ...] = ()
 
 
 class PythonStep(NamedTuple):
@@ -148,3 +157,38 @@ class AutogradPlan(NamedTuple):
     args: tuple[Any, ...]
     double_backward: Any
     extra: Any
+
+
+class Sym(NamedTuple):
+    """An integer of a generic plan computed from the call: ``cdiv(atoms[atom] * mul + add, div)``
+    (``atom`` -1: the constant ``add``); ``cls`` the Triton specialisation class it must keep
+    (:func:`int_class`; -1: any, for integers no compiled kernel receives), checked before the plan
+    serves a call."""
+
+    kind: str
+    atom: int
+    mul: int
+    add: int
+    div: int
+    cls: int
+
+
+def sym(atom: int, mul: int, add: int, div: int, cls: int) -> Sym:
+    """A :class:`Sym` record."""
+    return Sym("sym", atom, mul, add, div, cls)
+
+
+def int_class(value: int) -> int:
+    """What Triton specialises an integer argument on: equal to 1, a multiple of 16, fits 32 bits."""
+    return int(value == 1) | int(value % 16 == 0) << 1 | int(-2**31 <= value < 2**31) << 2
+
+
+class GenericPlan(NamedTuple):
+    """A :class:`Replay` whose size-dependent integers are :class:`Sym`, serving every call of one layout
+    class (the entry's class key) whose atoms pass the guards: ``pinned`` (atom, value) pairs that must be
+    equal, ``ratios`` (atom, p, of, q): ``atoms[atom] * q == atoms[of] * p``."""
+
+    kind: str
+    plan: Replay
+    pinned: tuple[tuple[int, int], ...]
+    ratios: tuple[tuple[int, int, int, int], ...]

@@ -40,7 +40,7 @@ from typing import Any
 
 import torch
 
-from .plans import ALLOCATION, INPUT, NULL_ARG, PINNED, CudaStep, PythonStep, TensorRef, const, pointer  # noqa: F401 - INPUT, ALLOCATION, PINNED re-exported
+from .plans import ALLOCATION, INPUT, NULL_ARG, PINNED, CudaStep, PythonStep, TensorRef, const, fconst, pointer  # noqa: F401 - INPUT, ALLOCATION, PINNED re-exported
 
 #: Byte width of the constants a ``cuda`` step may pass (Triton signature types).
 _CONSTANT_BYTES = {"i1": 1, "i8": 1, "i16": 2, "i32": 4, "i64": 8, "u1": 1, "u8": 1, "u16": 2, "u32": 4, "u64": 8,
@@ -165,7 +165,7 @@ class Recording:
         grid3 = (tuple(grid) + (1, 1))[:3]
         if grid3[0] * grid3[1] * grid3[2] == 0:
             return  # Triton launches nothing for an empty grid
-        step = _cuda_step(self, kernel, grid3, full_args) if kernel is not None else None
+        step = _cuda_step(self, kernel, grid3, full_args, args) if kernel is not None else None
         if step is None:
             step = self._python_step(launcher, tuple(grid), args)
         if step is not None:
@@ -211,15 +211,16 @@ def _constant(kind: str, value: Any) -> tuple | None:
     if kind in ("fp32", "f32"):
         import struct
 
-        return const(4, int.from_bytes(struct.pack("<f", float(value)), "little"))
+        return fconst(4, int.from_bytes(struct.pack("<f", float(value)), "little"))
     if kind == "fp64":
         import struct
 
-        return const(8, int.from_bytes(struct.pack("<d", float(value)), "little", signed=True))
+        return fconst(8, int.from_bytes(struct.pack("<d", float(value)), "little", signed=True))
     return const(size, int(value))
 
 
-def _cuda_step(rec: Recording, kernel: Any, grid: tuple, full_args: Sequence[Any]) -> tuple | None:
+def _cuda_step(rec: Recording, kernel: Any, grid: tuple, full_args: Sequence[Any],
+               args: Sequence[Any]) -> tuple | None:
     """A ``cuda`` step for a compiled NVIDIA kernel, or ``None`` where only the ``python`` form is sure."""
     metadata = getattr(kernel, "metadata", None)
     function = getattr(kernel, "function", None)
@@ -251,7 +252,8 @@ def _cuda_step(rec: Recording, kernel: Any, grid: tuple, full_args: Sequence[Any
             params.append(NULL_ARG)
     return CudaStep("cuda", int(function), grid, 32 * int(metadata.num_warps), int(metadata.shared),
                     bool(getattr(metadata, "launch_pdl", False)),
-                    bool(getattr(metadata, "launch_cooperative_grid", False)), tuple(params))
+                    bool(getattr(metadata, "launch_cooperative_grid", False)), tuple(params),
+                    tuple(a for a in args if isinstance(a, int) and not isinstance(a, bool)))
 
 
 def current() -> Recording | None:

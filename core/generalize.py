@@ -1,0 +1,250 @@
+"""Plans generic over sizes: one recorded replay serving every call of its layout class.
+
+The compiled entry keys plans by exact sizes; a workload whose sizes change at
+every call (a new prompt length, a new batch) would miss every time. On a miss
+the entry also hands the planner the call's *layout class* (its class key:
+dtypes, rank, which sizes are 0 or 1 and the power-of-two bucket of the others,
+the stride order and density, a zero offset, the buckets of numel and of the
+memory spanned, alignment, aliasing, scalar arguments). The planner keeps the
+replays it recorded per class (:class:`Points`); from two or more it may build
+a :class:`~flaggems.toolkit.plans.GenericPlan`:
+
+* the replays must agree on everything but integers (the same kernels, launch
+  configurations, allocations' dtypes, views' sources): a size-dependent choice
+  made differently (another block size, another kernel) makes them disagree;
+* each integer that differs between them must be one expression of the call's
+  *atoms* (:func:`atoms`: sizes, strides, offsets, numels and products of
+  leading or trailing sizes of each input), ``cdiv(atom * mul + add, div)``,
+  fitted on every point and unique up to atoms that vary together;
+* guards: every atom equal at all points is pinned to its value, every atom
+  proportional to another at all points keeps that ratio, and every computed
+  integer keeps the class Triton specialises it on (1, a multiple of 16, 32-bit).
+
+Within a class, decisions that depend on sizes (block sizes as powers of two,
+int32 against int64 indexing) are covered by the buckets of the class key;
+a decision at another threshold inside one bucket is only safe where its
+kernels are correct for any of the choices' arguments, which the randomized
+conformance kit checks by replaying many sizes of one class.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from fractions import Fraction
+from typing import Any
+
+import torch
+
+from .toolkit import plans
+
+#: Replays kept per layout class to generalise from; classes kept per op (all dropped when full).
+POINTS_PER_CLASS = 4
+CLASSES = 512
+#: Divisors a grid expression may use (``cdiv(numel, BLOCK)``): powers of two up to 2**24.
+DIVISORS = tuple(1 << k for k in range(1, 25))
+
+
+def atoms(inputs: Sequence[torch.Tensor]) -> tuple[int, ...]:
+    """The call's atoms, per input: sizes, strides, offset, numel, products of the 2..dim-1 leading sizes,
+    then of the 2..dim-1 trailing sizes (the compiled entry's ``call_atoms`` writes the same)."""
+    out: list[int] = []
+    for t in inputs:
+        sizes = tuple(t.shape)
+        dim = len(sizes)
+        out += sizes
+        out += t.stride()
+        out += (t.storage_offset(), t.numel())
+        lead = sizes[0] if dim else 1
+        for k in range(2, dim):
+            lead *= sizes[k - 1]
+            out.append(lead)
+        trail = sizes[-1] if dim else 1
+        for k in range(2, dim):
+            trail *= sizes[dim - k]
+            out.append(trail)
+    return tuple(out)
+
+
+class _Leaf:
+    """An integer that differs between the points: its value at each; ``guarded`` when a compiled kernel
+    receives it (Triton specialises it: its class is guarded)."""
+
+    __slots__ = ("values", "guarded")
+
+    def __init__(self, values: tuple[int, ...], guarded: bool) -> None:
+        self.values = values
+        self.guarded = guarded
+
+
+class _Mismatch(Exception):
+    """The replays differ in something other than an integer a generic plan may compute."""
+
+
+#: Fields of a compiled launch whose integers Triton specialises on (1, multiples of 16, 32-bit).
+_SPECIALISED = {plans.CudaStep: {"params", "ints"}}
+#: Fields of each record whose integers may differ between points (the rest must be equal).
+_SIZED = {
+    plans.Allocation: {"sizes", "strides"},
+    plans.TensorRef: {"sizes", "strides", "offset"},
+    plans.Pointer: {"offset"},
+    plans.CudaStep: {"grid", "params", "ints"},
+    plans.PythonStep: {"grid", "values", "slots"},
+    plans.Replay: {"allocations", "steps", "returns"},
+}
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _merge(values: Sequence[Any], sized: bool, guarded: bool = False) -> Any:
+    """One template of ``values`` (a record at every point): equal parts as they are, differing integers
+    (where ``sized`` allows them) as :class:`_Leaf` (``guarded``: a compiled kernel's argument)."""
+    first = values[0]
+    kind = type(first)
+    if any(type(v) is not kind for v in values):
+        raise _Mismatch
+    if _is_int(first):
+        if all(v == first for v in values):
+            return first
+        if not sized:
+            raise _Mismatch
+        return _Leaf(tuple(values), guarded)
+    if kind is plans.Const:
+        if all(v == first for v in values):
+            return first
+        if not sized or first.kind != "const" or any(v[:2] != first[:2] for v in values):
+            raise _Mismatch  # a float's bits, or another width
+        return plans.Const(first.kind, first.size, _Leaf(tuple(v.bits for v in values), guarded))
+    if isinstance(first, tuple):
+        if any(len(v) != len(first) for v in values):
+            raise _Mismatch
+        fields = getattr(kind, "_fields", None)
+        if fields is None:
+            return tuple(_merge([v[i] for v in values], sized, guarded) for i in range(len(first)))
+        open_fields, kernel_fields = _SIZED.get(kind, set()), _SPECIALISED.get(kind, set())
+        return kind(*(_merge([v[i] for v in values], sized and name in open_fields, guarded or name in kernel_fields)
+                      for i, name in enumerate(fields)))
+    if any(v is not first and v != first for v in values):
+        raise _Mismatch
+    return first
+
+
+def _cdiv(n: int, d: int) -> int:
+    return -(-n // d)
+
+
+class _Atoms:
+    """The atoms at every point: which vary, their proportional groups, the guards."""
+
+    def __init__(self, points: Sequence[tuple[int, ...]]) -> None:
+        self.points = points
+        count = len(points[0])
+        self.varying = [a for a in range(count) if any(p[a] != points[0][a] for p in points)]
+        self.pinned = tuple((a, points[0][a]) for a in range(count) if a not in set(self.varying))
+        self.group: dict[int, int] = {}
+        ratios = []
+        for a in self.varying:
+            for rep in dict.fromkeys(self.group.values()):
+                ratio = self._ratio(a, rep)
+                if ratio is not None:
+                    self.group[a] = rep
+                    ratios.append((a, ratio.numerator, rep, ratio.denominator))
+                    break
+            else:
+                self.group[a] = a
+        self.ratios = tuple(ratios)
+
+    def _ratio(self, a: int, rep: int) -> Fraction | None:
+        """``atoms[a] / atoms[rep]`` when it is the same at every point."""
+        if any(p[rep] == 0 for p in self.points):
+            return None
+        ratio = Fraction(self.points[0][a], self.points[0][rep])
+        if ratio == 0 or any(Fraction(p[a], p[rep]) != ratio for p in self.points):
+            return None
+        return ratio
+
+    def fit(self, values: tuple[int, ...], guarded: bool) -> plans.Sym | None:
+        """The one expression of the atoms giving ``values`` at every point, or ``None``; ``guarded``: the
+        values must share a specialisation class, which the plan keeps (else its class is -1: any)."""
+        found = []
+        for a in self.varying:
+            xs = [p[a] for p in self.points]
+            found += [(a, mul, add, 1) for mul, add in self._linear(xs, values)]
+            if all(v >= 0 for v in values) and all(x >= 0 for x in xs):
+                found += [(a, 1, 0, d) for d in DIVISORS
+                          if all(_cdiv(x, d) == v for x, v in zip(xs, values)) and any(_cdiv(x, d) > 1 for x in xs)]
+        if not found or len({self.group[a] for a, *_ in found}) != 1:
+            return None  # no expression, or two that may disagree on calls to come
+        classes = {plans.int_class(v) for v in values} if guarded else {-1}
+        if len(classes) != 1:
+            return None
+        atom, mul, add, div = min(found, key=lambda f: (f[3] != 1, f[0]))
+        return plans.sym(atom, mul, add, div, classes.pop())
+
+    @staticmethod
+    def _linear(xs: list[int], values: tuple[int, ...]) -> list[tuple[int, int]]:
+        i = next((i for i in range(1, len(xs)) if xs[i] != xs[0]), None)
+        if i is None:
+            return []
+        step, rem = divmod(values[i] - values[0], xs[i] - xs[0])
+        if rem or step == 0:
+            return []
+        add = values[0] - step * xs[0]
+        if any(step * x + add != v for x, v in zip(xs, values)):
+            return []
+        return [(step, add)]
+
+
+def _resolve(template: Any, atoms_: _Atoms) -> Any:
+    """The template with every :class:`_Leaf` replaced by its :class:`~flaggems.toolkit.plans.Sym`."""
+    if isinstance(template, _Leaf):
+        found = atoms_.fit(template.values, template.guarded)
+        if found is None:
+            raise _Mismatch
+        return found
+    if isinstance(template, tuple):
+        fields = getattr(type(template), "_fields", None)
+        items = [_resolve(item, atoms_) for item in template]
+        return type(template)(*items) if fields is not None else tuple(items)
+    return template
+
+
+def generalize(points: Sequence[tuple[tuple[int, ...], plans.Replay]]) -> plans.GenericPlan | None:
+    """A generic plan from ``(atoms, replay)`` points of one layout class, or ``None``."""
+    if len(points) < 2 or any(type(p) is not plans.Replay for _, p in points):
+        return None
+    if len({len(a) for a, _ in points}) != 1:
+        return None
+    try:
+        template = _merge([p for _, p in points], True)
+        found = _Atoms([a for a, _ in points])
+        if not found.varying:
+            return None
+        return plans.GenericPlan("generic", _resolve(template, found), found.pinned, found.ratios)
+    except _Mismatch:
+        return None
+
+
+class Points:
+    """The replays an op's planner recorded, per layout class, and the generic plans made from them."""
+
+    def __init__(self) -> None:
+        self.classes: dict[tuple[int, ...], list[tuple[tuple[int, ...], plans.Replay]]] = {}
+
+    def add(self, layout: Sequence[int] | None, inputs: Sequence[torch.Tensor], plan: Any) -> Any:
+        """Note a replay of class ``layout``; return a generic plan when one generalises the points."""
+        if layout is None or type(plan) is not plans.Replay:
+            return None
+        key = tuple(layout)
+        if key not in self.classes and len(self.classes) >= CLASSES:
+            self.classes.clear()
+        kept = self.classes.setdefault(key, [])
+        point = (atoms(inputs), plan)
+        chosen = [point]
+        for older in reversed(kept):  # the newest points first: the greediest set that still generalises
+            if generalize([*chosen, older]) is not None:
+                chosen.append(older)
+        kept.append(point)
+        del kept[:-POINTS_PER_CLASS]
+        return generalize(chosen)

@@ -1,0 +1,193 @@
+"""Plans generic over sizes (flaggems.generalize and the compiled entry's entry_generic.inc).
+
+One recorded replay serves every call of its layout class whose atoms pass the
+guards; a size outside them, another layout class, aliasing or broadcast plan
+again. Each test compares every result with torch's and reads the plan counters.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+import torch
+
+import flaggems
+from flaggems import generalize
+from flaggems.runtime import RUNTIME
+from flaggems.toolkit import plans
+
+pytestmark = pytest.mark.usefixtures("compiled_entry")
+
+
+@pytest.fixture
+def compiled_entry(monkeypatch):
+    from flaggems import compiled
+
+    monkeypatch.setenv("FLAGGEMS_ENTRY", "compiled")
+    compiled.reset()
+    flaggems.disable()
+    if compiled.load()[0] is None:
+        pytest.skip("the compiled entry cannot be built here")
+    flaggems.enable(include=["copy_", "_to_copy", "index_select"])
+    yield
+    flaggems.disable()
+    compiled.reset()
+
+
+def _stats(op: str) -> dict:
+    rows = [s for k, s in RUNTIME.plan_stats().items() if k.startswith(f"aten::{op}@")]
+    return {name: sum(r[name] for r in rows) for name in ("miss", "generic", "generic_plans", "replay", "plans")}
+
+
+def _copy(n: int, offset: int = 0) -> None:
+    src = torch.randn(n + offset)[offset:]
+    dst = torch.empty(n)
+    dst.copy_(src)
+    assert torch.equal(dst, src)
+
+
+def test_one_generic_plan_serves_many_sizes():
+    sizes = [100, 120, 97, 111, 126, 65, 128, 77]  # one power-of-two bucket: (64, 128]
+    for n in sizes:
+        _copy(n)
+    stats = _stats("copy_")
+    assert stats["miss"] == 2 and stats["generic"] == len(sizes) - 2 and stats["generic_plans"] == 1
+
+
+def test_a_replayed_size_hits_its_exact_plan_after_the_generic_one_made_it():
+    for n in [100, 120, 101, 101, 101]:
+        _copy(n)
+    stats = _stats("copy_")
+    assert stats["generic"] == 1 and stats["replay"] == 3
+
+
+def test_another_bucket_is_another_layout_class():
+    for n in [100, 120, 200]:  # 200 is in (128, 256]
+        _copy(n)
+    assert _stats("copy_")["miss"] == 3
+
+
+def test_a_pinned_atom_that_changes_plans_again():
+    """Two calls varying only the length make a plan that pins the batch: another batch is a miss."""
+    def convert(batch: int, n: int) -> None:
+        x = torch.randn(batch, n, 8, dtype=torch.bfloat16)
+        y = x.to(torch.float32)
+        assert torch.equal(y, x.float()) and y.stride() == x.float().stride()
+
+    convert(3, 100)
+    convert(3, 120)
+    convert(3, 99)
+    assert _stats("_to_copy")["generic"] == 1
+    convert(4, 100)  # batch 3 -> 4: the same bucket (2, 4], a pinned atom changed
+    assert _stats("_to_copy")["miss"] == 3
+
+
+def test_a_stride_order_change_is_another_class():
+    def convert(x: torch.Tensor) -> None:
+        y = x.to(torch.float32)
+        assert torch.equal(y, x.float()) and y.stride() == x.float().stride()
+
+    for n in (100, 120, 99):
+        convert(torch.randn(n, 6, dtype=torch.bfloat16))
+    misses = _stats("_to_copy")["miss"]
+    convert(torch.randn(6, 110, dtype=torch.bfloat16).t())
+    assert _stats("_to_copy")["miss"] == misses + 1
+
+
+def test_broadcast_and_aliasing_keep_distinct_plans():
+    for n in (100, 120, 99):
+        _copy(n)
+    before = _stats("copy_")
+    dst = torch.empty(110)
+    src = torch.randn(1).expand(110)  # stride 0: another class
+    dst.copy_(src)
+    assert torch.equal(dst, src)
+    base = torch.randn(230)
+    expected = base[115:225].clone()
+    base[:110].copy_(base[115:225])  # source and destination in one storage: another class
+    assert torch.equal(base[:110], expected) and torch.equal(base[115:225], expected)
+    after = _stats("copy_")
+    assert after["generic"] == before["generic"] and after["miss"] >= before["miss"] + 2  # neither served generic
+
+
+def test_offsets_and_index_tensors_across_sizes():
+    for n in (100, 120, 99, 127, 70):
+        _copy(n, offset=3)
+        x = torch.randn(n, 5)
+        index = torch.randint(0, n, (2 * n,))[1::2]  # strided index tensor, length n
+        out = torch.index_select(x, 0, index)
+        flaggems.disable()
+        expected = torch.index_select(x, 0, index)
+        flaggems.enable(include=["copy_", "_to_copy", "index_select"])
+        assert torch.equal(out, expected) and out.stride() == expected.stride()
+
+
+def test_threads_served_by_generic_plans_get_their_own_sizes():
+    for n in (100, 120):
+        _copy(n)
+    errors = []
+
+    def work(seed: int) -> None:
+        generator = torch.Generator().manual_seed(seed)
+        try:
+            for _ in range(30):
+                _copy(int(torch.randint(65, 129, (1,), generator=generator)))
+        except AssertionError as exc:  # pragma: no cover - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=work, args=(seed,)) for seed in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors and _stats("copy_")["generic"] > 0
+
+
+def test_the_entry_computes_the_same_atoms_as_python():
+    from flaggems import compiled
+
+    module = compiled.loaded()
+    tensors = [torch.randn(2, 3, 4, 5), torch.randn(7)[2:], torch.randn(3, 4).t(), torch.tensor(1.0),
+               torch.randn(4, 1, 6).expand(4, 5, 6), torch.empty(0, 3)]
+    assert tuple(module.call_atoms(tensors)) == generalize.atoms(tensors)
+
+
+# -- the generaliser alone -----------------------------------------------------------------------------------
+
+def _replay(*ints: int, function: int = 1) -> plans.Replay:
+    step = plans.CudaStep("cuda", function, (ints[0], 1, 1), 128, 0, False, False,
+                          (plans.pointer(plans.INPUT, 0, 0), plans.const(4, ints[1])), (ints[1],))
+    return plans.Replay("replay", (plans.Allocation((ints[1],), (1,), torch.float32),), (step,),
+                        (plans.TensorRef(plans.ALLOCATION, 0, True, (), (), 0),))
+
+
+def _point(n: int, *ints: int, function: int = 1):
+    return generalize.atoms([torch.empty(n)]), _replay(*ints, function=function)
+
+
+def test_grid_and_sizes_become_expressions_of_the_atoms():
+    made = generalize.generalize([_point(1000, 4, 1000), _point(1500, 6, 1500)])
+    assert made is not None
+    step = made.plan.steps[0]
+    assert step.grid[0] == plans.sym(0, 1, 0, 256, -1)  # cdiv(n, 256); a grid is not specialised on
+    assert step.params[1].bits.atom == 0 and step.params[1].bits.cls == plans.int_class(1000)
+    assert made.plan.allocations[0].sizes[0].cls == -1  # no kernel receives it: no class guard
+
+
+def test_different_kernels_do_not_generalise():
+    assert generalize.generalize([_point(1000, 4, 1000), _point(1500, 6, 1500, function=2)]) is None
+
+
+def test_a_value_no_atom_explains_does_not_generalise():
+    assert generalize.generalize([_point(1000, 4, 1000), _point(1500, 6, 1501)]) is None
+
+
+def test_a_kernel_argument_changing_class_does_not_generalise():
+    assert generalize.generalize([_point(1000, 4, 1000), _point(1024, 4, 1024)]) is None  # 1024 % 16 == 0
+
+
+def test_two_groups_that_both_explain_a_value_are_ambiguous():
+    first = (generalize.atoms([torch.empty(10), torch.empty(20)]), _replay(1, 10))
+    second = (generalize.atoms([torch.empty(12), torch.empty(22)]), _replay(1, 12))  # 10->12 and 20->22 (-10)
+    assert generalize.generalize([first, second]) is None
