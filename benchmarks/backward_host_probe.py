@@ -39,7 +39,9 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--tokens", type=int, default=8)
     parser.add_argument("--hidden", type=int, default=2048)
+    parser.add_argument("--include", action="store_true", help="enable(include=[the op]) as the bench does")
     args = parser.parse_args()
+    on = (lambda: flaggems.enable(include=["flaggems::rms_norm"])) if args.include else flaggems.enable
     x = torch.randn(1, args.tokens, args.hidden, device="cuda", dtype=torch.bfloat16, requires_grad=True)
     w = torch.ones(args.hidden, device="cuda", dtype=torch.bfloat16, requires_grad=True)
     dy = torch.randn_like(x)
@@ -48,14 +50,14 @@ def main() -> None:
     for _ in range(5):
         for name, fn in sides.items():
             if name == "flaggems":
-                flaggems.enable()
+                on()
             for _ in range(20):
                 fn()
             rows[name].append(_time(fn, 300))
             flaggems.disable()
     for name, times in rows.items():
         print(f"{name:9s} µs/step min {min(times):7.1f} median {sorted(times)[2]:7.1f}")
-    flaggems.enable()
+    on()
     for _ in range(5):
         sides["flaggems"]()
     for op, stats in RUNTIME.plan_stats().items():
@@ -65,7 +67,7 @@ def main() -> None:
         if name == "torch":
             flaggems.disable()
         else:
-            flaggems.enable()
+            on()
         with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
             for _ in range(10):
                 fn()

@@ -1,12 +1,15 @@
-"""Wall time per call when every call has a new shape: the compiled entry's plan budget at work.
+"""Wall time per call when every call has a new shape: generic plans and the plan budget at work.
 
-Each call of a sequence copies a tensor of a size not seen before (``copy_``
-fp32, ``_to_copy`` bf16->fp32), so the compiled entry misses every time. The
-first ``PLAN_FREE_MISSES`` misses of an op are planned (a planner run each);
-past them, with no plan reused, only one miss in ``PLAN_RETRY_EVERY`` is, and
-the rest take the Python entry uncached. Per side (torch, compiled entry,
-Python entry): µs per call over the planned stretch and over the rest, and the
-compiled entry's counters::
+Each call of a sequence runs an op on tensors of a size not seen before
+(``copy_`` fp32, ``_to_copy`` bf16->fp32, ``index_select``, ``index_copy_``,
+``group_norm``), so the compiled entry misses its exact plans every time. A
+miss of a layout class with a generic plan is served from it in C++; the first
+calls of each class (two per power-of-two bucket of the sizes) run the planner;
+past ``PLAN_FREE_MISSES`` misses with no plan reused, only one miss in
+``PLAN_RETRY_EVERY`` is planned and the rest take the Python entry. Per side
+(torch, compiled entry, Python entry): µs of the first call of the sequence
+(a new layout class), µs per call over the first ``PLAN_FREE_MISSES`` calls and
+over the rest, and the compiled entry's counters::
 
     python benchmarks/new_shapes.py [--calls 1200] [--json out.json]
 """
@@ -49,6 +52,29 @@ def _to_copy(n: int, device: str) -> Callable[[], torch.Tensor]:
     return lambda: x.to(torch.float32)
 
 
+@maker("index_select rows fp32")
+def _index_select(n: int, device: str) -> Callable[[], torch.Tensor]:
+    x = torch.randn(n // 8 + 32, 64, device=device)
+    index = torch.randint(0, x.shape[0], (32,), device=device)
+    return lambda: torch.index_select(x, 0, index)
+
+
+@maker("index_copy_ rows fp32")
+def _index_copy(n: int, device: str) -> Callable[[], torch.Tensor]:
+    dst = torch.zeros(n // 8 + 32, 64, device=device)
+    index = torch.randperm(dst.shape[0], device=device)[:32]
+    src = torch.randn(32, 64, device=device)
+    return lambda: dst.index_copy_(0, index, src)
+
+
+@maker("group_norm fp16")
+def _group_norm(n: int, device: str) -> Callable[[], torch.Tensor]:
+    x = torch.randn(2, 64, n // 8 + 8, device=device, dtype=torch.float16)
+    weight = torch.randn(64, device=device, dtype=torch.float16)
+    bias = torch.randn(64, device=device, dtype=torch.float16)
+    return lambda: torch.nn.functional.group_norm(x, 8, weight, bias)
+
+
 def _sync(device: str) -> None:
     if device == "cuda":
         torch.cuda.synchronize()
@@ -80,7 +106,8 @@ def measure(name: str, calls: int, device: str) -> dict:
         base = 1000 + 7 * calls * ("torch", "compiled", "python").index(side)
         sequence = [MAKERS[name](base + 7 * i, device) for i in range(calls + 64)]
         _use(side)
-        for call in sequence[:64]:
+        row[f"{side}_first_us"] = _timed(sequence[:1], device)
+        for call in sequence[1:64]:
             call()
         sequence = sequence[64:]
         budget_left = max(0, free - 64)
@@ -89,6 +116,8 @@ def measure(name: str, calls: int, device: str) -> dict:
         if side == "compiled":
             row["stats"] = {k: v for k, v in RUNTIME.plan_stats().items() if v.get("miss")}
     _use("torch")
+    first = "  ".join(f"{side} {row[f'{side}_first_us']:6.1f}" for side in ("torch", "compiled", "python"))
+    print(f"{name:<22} µs of the first call (a new layout class): {first}", flush=True)
     planned = "  ".join(f"{side} {row[f'{side}_planned_us']:6.1f}" for side in ("torch", "compiled", "python"))
     after = "  ".join(f"{side} {row[f'{side}_after_us']:6.1f}" for side in ("torch", "compiled", "python"))
     print(f"{name:<22} µs per call, planned stretch: {planned} | after the budget: {after}", flush=True)
