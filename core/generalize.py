@@ -14,8 +14,9 @@ a :class:`~flaggems.toolkit.plans.GenericPlan`:
   made differently (another block size, another kernel) makes them disagree;
 * each integer that differs between them must be one expression of the call's
   *atoms* (:func:`atoms`: sizes, strides, offsets, numels and products of
-  leading or trailing sizes of each input), ``cdiv(atom * mul + add, div)``,
-  fitted on every point and unique up to atoms that vary together;
+  leading or trailing sizes of each input), ``atom * mul + add`` or
+  ``cdiv(atom, 2**k)``, fitted on at least :data:`MIN_POINTS` points and unique
+  up to atoms that vary together;
 * guards: every atom equal at all points is pinned to its value, every atom
   proportional to another at all points keeps that ratio, and every computed
   integer keeps the class Triton specialises it on (1, a multiple of 16, 32-bit).
@@ -37,6 +38,9 @@ import torch
 
 from .toolkit import plans
 
+#: Replays a generic plan is fitted on: two points fit any integer slope through consecutive values
+#: (``cdiv(x, 4)`` at 100 and 101 looks like ``x - 75``); a third rules such coincidences out.
+MIN_POINTS = 3
 #: Replays kept per layout class to generalise from; classes kept per op (all dropped when full).
 POINTS_PER_CLASS = 4
 CLASSES = 512
@@ -179,7 +183,7 @@ class _Atoms:
         classes = {plans.int_class(v) for v in values} if guarded else {-1}
         if len(classes) != 1:
             return None
-        atom, mul, add, div = min(found, key=lambda f: (f[3] != 1, f[0]))
+        atom, mul, add, div = min(found, key=lambda f: (f[3] != 1, f[2] != 0, f[0]))
         return plans.sym(atom, mul, add, div, classes.pop())
 
     @staticmethod
@@ -210,9 +214,18 @@ def _resolve(template: Any, atoms_: _Atoms) -> Any:
     return template
 
 
+def _agree(points: Sequence[tuple[tuple[int, ...], Any]]) -> bool:
+    """Whether replays could share a generic plan (the same records but for integers)."""
+    try:
+        _merge([p for _, p in points], True)
+    except _Mismatch:
+        return False
+    return all(type(p) is plans.Replay for _, p in points)
+
+
 def generalize(points: Sequence[tuple[tuple[int, ...], plans.Replay]]) -> plans.GenericPlan | None:
     """A generic plan from ``(atoms, replay)`` points of one layout class, or ``None``."""
-    if len(points) < 2 or any(type(p) is not plans.Replay for _, p in points):
+    if len(points) < MIN_POINTS or any(type(p) is not plans.Replay for _, p in points):
         return None
     if len({len(a) for a, _ in points}) != 1:
         return None
@@ -243,8 +256,24 @@ class Points:
         point = (atoms(inputs), plan)
         chosen = [point]
         for older in reversed(kept):  # the newest points first: the greediest set that still generalises
-            if generalize([*chosen, older]) is not None:
+            if len(chosen) < MIN_POINTS - 1 and _agree([*chosen, older]) or generalize([*chosen, older]):
                 chosen.append(older)
         kept.append(point)
         del kept[:-POINTS_PER_CLASS]
         return generalize(chosen)
+
+
+def evaluate(sym: plans.Sym, atoms_: Sequence[int]) -> int:
+    """A :class:`~flaggems.toolkit.plans.Sym`'s value for a call's atoms (the entry's ``evaluate``)."""
+    n = (0 if sym.atom < 0 else atoms_[sym.atom]) * sym.mul + sym.add
+    return n if sym.div == 1 else _cdiv(n, sym.div)
+
+
+def instantiate(template: Any, atoms_: Sequence[int]) -> Any:
+    """A generic plan's replay (or any part of it) with every Sym evaluated for ``atoms_``."""
+    if isinstance(template, plans.Sym):
+        return evaluate(template, atoms_)
+    if isinstance(template, tuple):
+        items = [instantiate(item, atoms_) for item in template]
+        return type(template)(*items) if hasattr(type(template), "_fields") else tuple(items)
+    return template
