@@ -102,15 +102,17 @@ def measure(name: str, calls: int, device: str) -> dict:
     free = binding.PLAN_FREE_MISSES
     row: dict = {"workload": name, "free_misses": free, "retry_every": binding.PLAN_RETRY_EVERY}
     for side in ("torch", "compiled", "python"):
-        # fresh sizes per side (none seen before by this process's plans), warmed kernels: 64 sizes first
-        base = 1000 + 7 * calls * ("torch", "compiled", "python").index(side)
-        sequence = [MAKERS[name](base + 7 * i, device) for i in range(calls + 64)]
+        # fresh sizes per side (none seen before by this process's plans); the warm-up takes every 8th
+        # size of the side's range, so each kernel configuration the range needs is compiled before timing
+        base = 1000 + 8 * calls * ("torch", "compiled", "python").index(side)
+        everything = [MAKERS[name](base + 7 * i, device) for i in range(calls + calls // 7 + 1)]
+        warm, sequence = everything[::8], [c for i, c in enumerate(everything) if i % 8]
         _use(side)
-        row[f"{side}_first_us"] = _timed(sequence[:1], device)
-        for call in sequence[1:64]:
+        row[f"{side}_first_us"] = _timed(warm[:1], device)
+        for call in warm[1:]:
             call()
-        sequence = sequence[64:]
-        budget_left = max(0, free - 64)
+        sequence = sequence[:calls]
+        budget_left = max(0, free - len(warm))
         row[f"{side}_planned_us"] = _timed(sequence[:budget_left], device)
         row[f"{side}_after_us"] = _timed(sequence[budget_left:], device)
         if side == "compiled":
