@@ -37,6 +37,14 @@ def compiled_entry(monkeypatch):
     compiled.reset()
 
 
+def _native_float(x: torch.Tensor) -> torch.Tensor:
+    """torch's own ``x.float()`` (with flaggems enabled, ``x.float()`` is the routed ``_to_copy``)."""
+    from flaggems.binding import native_scope
+
+    with native_scope():
+        return x.float()
+
+
 def _stats(op: str) -> dict:
     rows = [s for k, s in RUNTIME.plan_stats().items() if k.startswith(f"aten::{op}@")]
     return {name: sum(r[name] for r in rows) for name in ("miss", "generic", "generic_plans", "replay", "plans")}
@@ -75,7 +83,8 @@ def test_a_pinned_atom_that_changes_plans_again():
     def convert(batch: int, n: int) -> None:
         x = torch.randn(batch, n, 8, dtype=torch.bfloat16, device=DEV)
         y = x.to(torch.float32)
-        assert torch.equal(y, x.float()) and y.stride() == x.float().stride()
+        expected = _native_float(x)
+        assert torch.equal(y, expected) and y.stride() == expected.stride()
 
     for n in (101, 121, 99, 113):  # odd lengths: every stride and numel keeps its class (not a multiple of 16)
         convert(3, n)
@@ -87,7 +96,8 @@ def test_a_pinned_atom_that_changes_plans_again():
 def test_a_stride_order_change_is_another_class():
     def convert(x: torch.Tensor) -> None:
         y = x.to(torch.float32)
-        assert torch.equal(y, x.float()) and y.stride() == x.float().stride()
+        expected = _native_float(x)
+        assert torch.equal(y, expected) and y.stride() == expected.stride()
 
     for n in (100, 120, 99):
         convert(torch.randn(n, 6, dtype=torch.bfloat16, device=DEV))
@@ -136,7 +146,7 @@ def test_threads_served_by_generic_plans_get_their_own_sizes():
         try:
             for _ in range(30):
                 _copy(int(torch.randint(65, 129, (1,), generator=generator)))
-        except AssertionError as exc:  # pragma: no cover - reported below
+        except Exception as exc:  # noqa: BLE001 - any error in a thread fails the test below
             errors.append(exc)
 
     threads = [threading.Thread(target=work, args=(seed,)) for seed in range(4)]
@@ -145,6 +155,29 @@ def test_threads_served_by_generic_plans_get_their_own_sizes():
     for t in threads:
         t.join()
     assert not errors and _stats("copy_")["generic"] > 0
+
+
+def test_a_generic_plan_gives_what_the_planner_records_at_a_held_out_size(monkeypatch):
+    """The generic plan of three ``_to_copy`` calls, instantiated for a fourth size, equals the replay the
+    planner records for that size (every plan dropped first, so it is recorded again)."""
+    made, recorded = {}, {}
+    real = generalize.Points.add
+
+    def add(self, layout, inputs, plan):
+        generic = real(self, layout, inputs, plan)
+        recorded[tuple(inputs[0].shape)] = (generalize.atoms(inputs), plan)
+        if generic is not None:
+            made.setdefault("plan", generic)  # the first: fitted on the three sizes before the held-out one
+        return generic
+
+    monkeypatch.setattr(generalize.Points, "add", add)
+    for n in (101, 121, 99):
+        torch.randn(3, n, 8, dtype=torch.bfloat16, device=DEV).to(torch.float32)
+    assert "plan" in made
+    RUNTIME._binding.clear_plans()  # the exact and generic plans: the next call is recorded
+    torch.randn(3, 113, 8, dtype=torch.bfloat16, device=DEV).to(torch.float32)
+    atoms, plan = recorded[(3, 113, 8)]
+    assert generalize.instantiate(made["plan"].plan, atoms) == plan
 
 
 def test_the_entry_computes_the_same_atoms_as_python():
