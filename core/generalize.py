@@ -80,6 +80,13 @@ class _Leaf:
         self.guarded = guarded
 
 
+class _Fixed(int):
+    """An integer equal at every point, in a field whose integers may depend on sizes: it may be a step
+    function of an atom that did not step between the points (its guards: :meth:`_Atoms.steady`)."""
+
+    __slots__ = ()
+
+
 class _Mismatch(Exception):
     """The replays differ in something other than an integer a generic plan may compute."""
 
@@ -110,13 +117,13 @@ def _merge(values: Sequence[Any], sized: bool, guarded: bool = False) -> Any:
         raise _Mismatch
     if _is_int(first):
         if all(v == first for v in values):
-            return first
+            return _Fixed(first) if sized else first
         if not sized:
             raise _Mismatch
         return _Leaf(tuple(values), guarded)
     if kind is plans.Const:
         if all(v == first for v in values):
-            return first
+            return plans.Const(first.kind, first.size, _Fixed(first.bits)) if sized and first.kind == "const" else first
         if not sized or first.kind != "const" or any(v[:2] != first[:2] for v in values):
             raise _Mismatch  # a float's bits, or another width
         return plans.Const(first.kind, first.size, _Leaf(tuple(v.bits for v in values), guarded))
@@ -186,6 +193,22 @@ class _Atoms:
         atom, mul, add, div = min(found, key=lambda f: (f[3] != 1, f[2] != 0, f[0]))
         return plans.sym(atom, mul, add, div, classes.pop())
 
+    def steady(self, value: int) -> list[tuple[plans.Sym, int]]:
+        """Guards for an integer equal at every point: each ``cdiv(atom, 2**k)`` and ``atom // 2**k`` (the
+        smallest such ``k`` per atom and form) equal to it at every point must stay equal to it."""
+        guards = []
+        for a in self.varying:
+            xs = [p[a] for p in self.points]
+            if any(x < 0 for x in xs):
+                continue
+            ceil = next((d for d in DIVISORS if all(_cdiv(x, d) == value for x in xs)), None)
+            if ceil is not None:
+                guards.append((plans.sym(a, 1, 0, ceil, -1), value))
+            floor = next((d for d in DIVISORS if all(x // d == value for x in xs)), None)
+            if floor is not None:
+                guards.append((plans.sym(a, 1, 1 - floor, floor, -1), value))
+        return guards
+
     @staticmethod
     def _linear(xs: list[int], values: tuple[int, ...]) -> list[tuple[int, int]]:
         i = next((i for i in range(1, len(xs)) if xs[i] != xs[0]), None)
@@ -200,16 +223,20 @@ class _Atoms:
         return [(step, add)]
 
 
-def _resolve(template: Any, atoms_: _Atoms) -> Any:
-    """The template with every :class:`_Leaf` replaced by its :class:`~flaggems.toolkit.plans.Sym`."""
+def _resolve(template: Any, atoms_: _Atoms, steady: dict[tuple[plans.Sym, int], None]) -> Any:
+    """The template with every :class:`_Leaf` replaced by its :class:`~flaggems.toolkit.plans.Sym` and every
+    :class:`_Fixed` by its plain value, its guards added to ``steady``."""
     if isinstance(template, _Leaf):
         found = atoms_.fit(template.values, template.guarded)
         if found is None:
             raise _Mismatch
         return found
+    if isinstance(template, _Fixed):
+        steady.update(dict.fromkeys(atoms_.steady(int(template))))
+        return int(template)
     if isinstance(template, tuple):
         fields = getattr(type(template), "_fields", None)
-        items = [_resolve(item, atoms_) for item in template]
+        items = [_resolve(item, atoms_, steady) for item in template]
         return type(template)(*items) if fields is not None else tuple(items)
     return template
 
@@ -234,7 +261,9 @@ def generalize(points: Sequence[tuple[tuple[int, ...], plans.Replay]]) -> plans.
         found = _Atoms([a for a, _ in points])
         if not found.varying:
             return None
-        return plans.GenericPlan("generic", _resolve(template, found), found.pinned, found.ratios)
+        steady: dict[tuple[plans.Sym, int], None] = {}
+        plan = _resolve(template, found, steady)
+        return plans.GenericPlan("generic", plan, found.pinned, found.ratios, tuple(steady))
     except _Mismatch:
         return None
 
@@ -267,6 +296,14 @@ def evaluate(sym: plans.Sym, atoms_: Sequence[int]) -> int:
     """A :class:`~flaggems.toolkit.plans.Sym`'s value for a call's atoms (the entry's ``evaluate``)."""
     n = (0 if sym.atom < 0 else atoms_[sym.atom]) * sym.mul + sym.add
     return n if sym.div == 1 else _cdiv(n, sym.div)
+
+
+def admits(generic: plans.GenericPlan, atoms_: Sequence[int]) -> bool:
+    """Whether a call with ``atoms_`` passes the generic plan's guards on its atoms (the entry's
+    ``bind_generic`` checks these, then each computed integer's specialisation class)."""
+    return (all(atoms_[a] == v for a, v in generic.pinned)
+            and all(atoms_[a] * q == atoms_[of] * p for a, p, of, q in generic.ratios)
+            and all(evaluate(s, atoms_) == v for s, v in generic.steady))
 
 
 def instantiate(template: Any, atoms_: Sequence[int]) -> Any:

@@ -240,3 +240,23 @@ def test_two_points_are_not_enough():
     assert generalize.generalize([point(100), point(101)]) is None
     made = generalize.generalize([point(100), point(101), point(117)])
     assert made.plan.allocations[0].sizes[0] == plans.sym(0, 1, 0, 4, -1)
+
+
+def test_an_integer_equal_at_every_point_keeps_its_value_under_a_guard():
+    """Three sizes in (10240, 11264] all launch ``cdiv(n, 1024) == 11`` programs: the grid looks constant. The
+    generic plan keeps 11 only while ``cdiv(n, 1024)`` is 11 (n = 11265 needs 12: it plans again)."""
+    made = generalize.generalize([_point(n, 11, n) for n in (10600, 10607, 10614)])
+    assert made is not None and made.plan.steps[0].grid[0] == 11
+    assert (plans.sym(0, 1, 0, 1024, -1), 11) in made.steady
+    assert generalize.admits(made, generalize.atoms([torch.empty(11264)]))
+    assert not generalize.admits(made, generalize.atoms([torch.empty(11265)]))
+    assert not generalize.admits(made, generalize.atoms([torch.empty(10240)]))
+
+
+def test_copies_across_a_grid_step_inside_one_bucket():
+    """Sizes in (2048, 4096] step over 3072, where a 1024-element block's grid goes from 3 to 4 programs
+    (a plan that kept the grid of its first points dropped the last elements)."""
+    for n in range(3000, 3160, 7):
+        _copy(n)
+    stats = _stats("copy_")
+    assert stats["generic"] > 0

@@ -186,9 +186,13 @@ def int_class(value: int) -> int:
 class GenericPlan(NamedTuple):
     """A :class:`Replay` whose size-dependent integers are :class:`Sym`, serving every call of one layout
     class (the entry's class key) whose atoms pass the guards: ``pinned`` (atom, value) pairs that must be
-    equal, ``ratios`` (atom, p, of, q): ``atoms[atom] * q == atoms[of] * p``."""
+    equal, ``ratios`` (atom, p, of, q): ``atoms[atom] * q == atoms[of] * p``, ``steady`` (sym, value):
+    a step function of the atoms (``cdiv`` or floor division by a power of two) that equalled a plan
+    integer at every point and must keep that value (the integer may be that function: a grid of
+    ``cdiv(numel, 1024)`` is 11 for every numel in (10240, 11264])."""
 
     kind: str
     plan: Replay
     pinned: tuple[tuple[int, int], ...]
     ratios: tuple[tuple[int, int, int, int], ...]
+    steady: tuple[tuple[Sym, int], ...] = ()
