@@ -26,7 +26,7 @@ from typing import Any
 
 import torch
 
-from . import DEVICE_ASSERT, NATIVE_CONTIGUOUS_ON_GPU
+from . import DEVICE_ASSERT, NATIVE_CONTIGUOUS_ON_GPU, _sweep
 from ._inputs import ALL_COPY_DTYPES, FLOATS, nonneg_values, values
 
 #: Sizes a random dimension takes (0 and 1 included on purpose).
@@ -54,7 +54,7 @@ def shape(rng: random.Random, low: int, high: int, sizes: tuple[int, ...] = SIZE
     while True:
         dims = tuple(rng.choice(sizes) for _ in range(rng.randint(low, high)))
         if math.prod(dims) <= MAX_NUMEL:
-            return dims
+            return _sweep.grow(dims)
 
 
 def pick_dim(rng: random.Random, rank: int) -> int:
@@ -277,7 +277,7 @@ def norm_shape(rng: random.Random) -> tuple[tuple[int, ...], int]:
         n = rng.choice((0, 1, 1, 2, 3)) if rng.random() < 0.1 else rng.choice((1, 2, 3))
         dims = (n, groups * per_group, *(rng.choice((1, 2, 3, 5, 8)) for _ in range(rng.randint(0, 3))))
         if math.prod(dims) <= MAX_NUMEL and per_group * math.prod(dims[2:]) >= 3:
-            return dims, groups
+            return _sweep.grow(dims, range(2, len(dims))), groups
 
 
 def randn(shape_: tuple[int, ...], dtype: torch.dtype, dev: torch.device, scale: float = 1.0,

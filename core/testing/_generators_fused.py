@@ -46,6 +46,8 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from . import _sweep
+
 if TYPE_CHECKING:  # imported where used: _generators imports this module at its end to register these
     from ._generators import Gen
 
@@ -82,7 +84,7 @@ def lead_shape(rng: random.Random, low: int, high: int, row: int, budget: int = 
     while True:
         dims = tuple(rng.choices(LEAD_SIZES, LEAD_WEIGHTS)[0] for _ in range(rng.randint(low, high)))
         if math.prod(dims) * row <= budget:
-            return dims
+            return _sweep.grow((*dims, row), range(len(dims)))[:-1]
 
 
 def size(rng: random.Random, *choices: int) -> int:

@@ -40,7 +40,7 @@ from typing import Any
 
 import torch
 
-from . import DEVICE_ASSERT, NATIVE_CONTIGUOUS_ON_GPU, Case, Declined, assert_same, cases_for, device
+from . import DEVICE_ASSERT, NATIVE_CONTIGUOUS_ON_GPU, Case, Declined, _sweep, assert_same, cases_for, device
 from ._generators import GENERATORS as ATEN_GENERATORS
 from ._generators_fused import FUSED_GENERATORS
 from ._layouts import Built, relayout, written_arguments
@@ -89,12 +89,22 @@ def targets(ops: list[str] | None = None, impl: str | None = None) -> list[Targe
 
 @dataclass(frozen=True)
 class RandomCase:
-    """One random case of an op: a seed and its source (``generated`` or a registered case's name)."""
+    """One random case of an op: a seed and its source (``generated`` or a registered case's name);
+    ``variant`` >= 0: a point of a size sweep (:mod:`flaggems.testing._sweep`) of the generated case ``seed``."""
 
     op: str
     index: int
     seed: int
     source: str
+    variant: int = -1
+
+
+#: Share of generated cases run as size sweeps, and the points of a sweep (each counted as a case): the
+#: first points of a layout class plan, the later ones replay the generic plan made from them.
+SWEEP_SHARE = 0.25
+SWEEP_POINTS = 6
+#: Elements of a swept shape at most: under Triton's interpreter, and on a device.
+SWEEP_NUMEL = {"interpreted": 1 << 14, "device": 1 << 20}
 
 
 @dataclass
@@ -142,14 +152,19 @@ def random_cases(op: str, count: int, seed: int = 0) -> list[RandomCase]:
     hand = relayout_pool(op)
     if op not in GENERATORS and not hand:
         return []
-    out = []
-    for index in range(count):
-        s = case_seed(seed, op, index)
+    out: list[RandomCase] = []
+    draw = 0
+    while len(out) < count:
+        s = case_seed(seed, op, draw)
+        draw += 1
         pick = random.Random(s ^ 0x5EED)
         if op in GENERATORS and (not hand or pick.random() < 0.5):
-            out.append(RandomCase(op, index, s, GENERATED))
+            points = SWEEP_POINTS if pick.random() < SWEEP_SHARE else 0
+            out += [RandomCase(op, len(out) + v, s, GENERATED, v) for v in range(min(points, count - len(out)))]
+            if not points:
+                out.append(RandomCase(op, len(out), s, GENERATED))
         else:
-            out.append(RandomCase(op, index, s, hand[pick.randrange(len(hand))].name))
+            out.append(RandomCase(op, len(out), s, hand[pick.randrange(len(hand))].name))
     return out
 
 
@@ -159,7 +174,7 @@ def build(rc: RandomCase, dev: torch.device, values_seed: int) -> Prepared:
 
     rng = random.Random(rc.seed)
     torch.manual_seed(values_seed)
-    with native_scope():
+    with native_scope(), _swept(rc):
         if rc.source == GENERATED:
             gen = GENERATORS[rc.op](rng, dev)
             case = Case(f"{GENERATED}:{gen.kind}", _no_make, ulps=gen.ulps, check_strides=gen.check_strides,
@@ -170,6 +185,15 @@ def build(rc: RandomCase, dev: torch.device, values_seed: int) -> Prepared:
             (args, kwargs), fixed, kind = case.make(dev), frozenset(), case.name
         built = relayout(tuple(args), dict(kwargs), rng, written_arguments(rc.op), fixed)
     return Prepared(built, case, kind)
+
+
+def _swept(rc: RandomCase) -> contextlib.AbstractContextManager:
+    """The size sweep a case's shapes are drawn under (none for a plain case)."""
+    from . import _interpreted
+
+    if rc.variant < 0:
+        return contextlib.nullcontext()
+    return _sweep.active(rc.seed, rc.variant, SWEEP_NUMEL["interpreted" if _interpreted() else "device"])
 
 
 def _no_make(dev: torch.device) -> Any:
@@ -463,7 +487,7 @@ def reproducer(rc: RandomCase, target: Target, mode: str, seed: int, dev: torch.
     """A failure's description: op, implementation, mode, seeds, and each argument's layout."""
     prep = build(rc, dev, rc.seed)
     lines = [f"{rc.op} [{target.label}] mode={mode} case #{rc.index} (seed {seed}, case seed {rc.seed}) "
-             f"source={rc.source} kind={prep.kind}"]
+             f"source={rc.source} kind={prep.kind}" + (f" sweep point {rc.variant}" if rc.variant >= 0 else "")]
     for i, value in enumerate(prep.built.args):
         lines.append(f"  arg {i}: {prep.built.layouts.get(str(i), _short(value))}")
     for key, value in prep.built.kwargs.items():
