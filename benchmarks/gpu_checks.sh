@@ -54,11 +54,17 @@ for op, label in sorted({(t.op, t.label) for t in r.targets()}):
 done >"$out/kit_tasks.txt"
 python3 -m flaggems build  # once, before the processes that would each wait on the first one's build
 export out KIT_CASES=${KIT_CASES:-10000} KIT_SECONDS=${KIT_SECONDS:-400} KIT_TIMEOUT=${KIT_TIMEOUT:-450} KIT_ARGS=${KIT_ARGS:-}
-xargs -P "$KIT_JOBS" -L 1 bash -c 'FLAGGEMS_VENDOR=${0/generic/} FLAGGEMS_CHECK_INDICES=1 timeout $KIT_TIMEOUT \
-  python3 -m flaggems kit --op $1 --impl $2 --cases $KIT_CASES --entry compiled --seconds $KIT_SECONDS $KIT_ARGS \
-  >"$out/kit_$0_${1//[:.]/_}_$2.log" 2>&1; echo "$0 $1 $2 exit $?"' <"$out/kit_tasks.txt"
-grep -h -E "^  [^ ].*(passed|failed)|FAILED|Error" "$out"/kit_*.log | sort | uniq | head -80
-tar czf "$out/kit_logs.tgz" -C "$out" $(cd "$out" && ls kit_*.log) && rm -f "$out"/kit_*.log  # 8 files come back
+# one thread per process (16 processes share the cores); KIT_PROFILE=1: each process under cProfile
+export OMP_NUM_THREADS=1 KIT_PROFILE=${KIT_PROFILE:-}
+xargs -P "$KIT_JOBS" -L 1 bash -c 'name=kit_$0_${1//[:.]/_}_$2; prof=(); [[ -n $KIT_PROFILE ]] && \
+  prof=(-m cProfile -o "$out/$name.prof"); FLAGGEMS_VENDOR=${0/generic/} FLAGGEMS_CHECK_INDICES=1 timeout $KIT_TIMEOUT \
+  python3 "${prof[@]}" -m flaggems kit --op $1 --impl $2 --cases $KIT_CASES --entry compiled --seconds $KIT_SECONDS \
+  $KIT_ARGS >"$out/$name.log" 2>&1; echo "$0 $1 $2 exit $?"' <"$out/kit_tasks.txt"
+grep -h -E "^  [^ ].*(passed|failed)|FAILED|Error|generic plans" "$out"/kit_*.log | sort | uniq | head -80
+if [[ -n $KIT_PROFILE ]]; then python3 benchmarks/kit_profile.py "$out"/kit_*.prof >"$out/kit_profile.txt"; \
+  head -120 "$out/kit_profile.txt"; fi
+tar czf "$out/kit_logs.tgz" -C "$out" $(cd "$out" && ls kit_*.log kit_*.prof 2>/dev/null) && \
+  rm -f "$out"/kit_*.log "$out"/kit_*.prof  # 8 files come back
 elif [[ $steps == *" kit "* ]]; then
 echo "== randomized conformance kit (KIT_CASES per op and implementation, direct and compiled entry)"
 for v in ${KIT_VENDORS:-generic ascend kunlunxin hygon}; do

@@ -154,6 +154,7 @@ class _Atoms:
         self.varying = [a for a in range(count) if any(p[a] != points[0][a] for p in points)]
         self.pinned = tuple((a, points[0][a]) for a in range(count) if a not in set(self.varying))
         self.group: dict[int, int] = {}
+        self.same: set[int] = set()
         ratios = []
         for a in self.varying:
             for rep in dict.fromkeys(self.group.values()):
@@ -161,6 +162,8 @@ class _Atoms:
                 if ratio is not None:
                     self.group[a] = rep
                     ratios.append((a, ratio.numerator, rep, ratio.denominator))
+                    if ratio == 1:
+                        self.same.add(a)
                     break
             else:
                 self.group[a] = a
@@ -199,8 +202,8 @@ class _Atoms:
         guards = []
         for a in self.varying:
             xs = [p[a] for p in self.points]
-            if any(x < 0 for x in xs):
-                continue
+            if any(x < 0 for x in xs) or a in self.same:
+                continue  # an atom equal to its group's first (the ratio guard) adds no guard of its own
             ceil = next((d for d in DIVISORS if all(_cdiv(x, d) == value for x in xs)), None)
             if ceil is not None:
                 guards.append((plans.sym(a, 1, 0, ceil, -1), value))

@@ -43,7 +43,7 @@ def grow(dims: tuple[int, ...], candidates: range | None = None) -> tuple[int, .
     if not where:
         return dims
     d = where[-1]
-    rest = math.prod(dims) // dims[d]
+    rest = max(math.prod(dims[:d] + dims[d + 1:]), 1)  # an empty tensor's other dimensions still bound it
     scale = 1
     while rest * _bucket_top(dims[d] * scale * 2) <= max_numel:
         scale *= 2
