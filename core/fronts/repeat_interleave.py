@@ -75,6 +75,7 @@ import torch
 from ..chain import Decline
 from ..toolkit import checks
 from ..toolkit.dtypes import SUPPORTED_DTYPES
+from ..toolkit.recording import host_values
 
 #: Dtypes of ``self`` the shared kernels move (a vendor passes its own set to :func:`entries`).
 DTYPES = SUPPORTED_DTYPES
@@ -111,7 +112,7 @@ def flatten(self: torch.Tensor, dim: int | None) -> tuple[torch.Tensor, int] | N
 
 def check_output_size(repeats: torch.Tensor, output_size: int) -> None:
     """torch's RuntimeErrors for a negative repeat or an ``output_size`` that is not the total (one sync)."""
-    total, smallest = torch.stack((repeats.sum(), repeats.min().to(torch.int64))).tolist()
+    total, smallest = host_values(torch.stack((repeats.sum(), repeats.min().to(torch.int64))))
     if smallest < 0:
         raise RuntimeError("repeats can not be negative")
     if output_size != total:

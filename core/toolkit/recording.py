@@ -261,6 +261,16 @@ def current() -> Recording | None:
     return RECORDERS.get(threading.get_ident()) if RECORDERS else None
 
 
+def host_values(tensor: torch.Tensor) -> list:
+    """``tensor.tolist()``, noted as a host read: a call that reads values back cannot replay its launches
+    alone. Fronts and kernels read device values through this: a CPU tensor's ``tolist()`` reaches no torch
+    op the planner's watch sees (a replay of ``repeat_interleave(repeats)`` kept the first call's total)."""
+    rec = current()
+    if rec is not None:
+        rec.spoil("reads values back to the host")
+    return tensor.tolist()
+
+
 @contextlib.contextmanager
 def recording(inputs: Sequence[torch.Tensor]) -> Iterator[Recording]:
     """Record this thread's launches inside the block."""

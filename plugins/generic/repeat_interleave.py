@@ -70,6 +70,7 @@ from flaggems.toolkit import cdiv, context, tuning
 from flaggems.toolkit.dependent_launch import dependent_launch, gdc_launch_dependents, gdc_wait
 from flaggems.toolkit.indexing import INDEX_DIVIDE_INT, INDEX_DIVIDE_TENSOR, index_along_dim
 from flaggems.toolkit.launch import FastLauncher
+from flaggems.toolkit.recording import host_values
 from flaggems.toolkit.workspace import claim_scratch
 
 #: The expand's row offsets are int32: repeats of this many rows or more decline (the front's ``max_rows``).
@@ -395,7 +396,7 @@ def _expand_dynamic(repeats: torch.Tensor, values: torch.Tensor | None) -> torch
     with lock:
         ends = _scan(kernels, repeats, 0, status, False, summary=True)
         try:
-            total, smallest = status[chunks:words].tolist()
+            total, smallest = host_values(status[chunks:words])
             out = front.expanded(source, total, smallest)
             if not total:
                 status[:words].zero_()
