@@ -78,6 +78,7 @@ def constant_dims(t: torch.Tensor) -> list[int]:
     """Dimensions along which every value equals the first (candidates for stride 0)."""
     if t.numel() == 0:
         return []
+    t = t.cpu()  # one copy: a device tensor's per-dimension checks cost a synchronisation each
     dims = []
     for d in range(t.dim()):
         first = t.narrow(d, 0, 1)

@@ -335,8 +335,10 @@ def call_dispatcher(op: str, prep: Prepared) -> Outcome:
 
 # -- comparison ------------------------------------------------------------------------------------------------
 
-def compare(op: str, actual: Outcome, expected: Outcome, act: Prepared, exp: Prepared, dev: torch.device) -> None:
-    """Assert both sides agree: error types, or result, arguments after the call and whole buffers."""
+def compare(op: str, actual: Outcome, expected: Outcome, act: Prepared, exp: Prepared, dev: torch.device,
+            served: bool = True) -> None:
+    """Assert both sides agree: error types, or result, arguments after the call and whole buffers;
+    ``served``: flaggems served the call (a documented layout choice is checked only then)."""
     if expected.error is not None:
         if actual.error is None:
             raise AssertionError(f"did not raise; torch raises {type(expected.error).__name__}: {expected.error}")
@@ -349,7 +351,7 @@ def compare(op: str, actual: Outcome, expected: Outcome, act: Prepared, exp: Pre
     case = exp.case
     if contiguous_native(op, exp, dev) or op in LAYOUT_CHOICES and dev.type != "cpu":
         case = dataclasses.replace(case, check_strides=False)  # torch's output layout is that of its copies
-    if op in LAYOUT_CHOICES and isinstance(actual.result, torch.Tensor):
+    if served and op in LAYOUT_CHOICES and isinstance(actual.result, torch.Tensor):
         LAYOUT_CHOICES[op](actual.result, act.built.args)
     assert_same(actual.result, expected.result, case, "result")
     for i, (a, e) in enumerate(zip(act.built.args, exp.built.args)):
@@ -390,14 +392,16 @@ def check_dispatched(target: Target, rc: RandomCase, dev: torch.device) -> str:
     """Check one case through the dispatcher (already routed): two calls, one layout, two sets of values."""
     from .. import binding
 
-    if rc.op in NATIVE_FROM_CONTIGUOUS and not native_takes(build(rc, dev, rc.seed)):
+    probe = build(rc, dev, rc.seed)
+    if rc.op in NATIVE_FROM_CONTIGUOUS and not native_takes(probe):
         try:
-            call_impl(target, build(rc, dev, rc.seed))
+            call_impl(target, probe)
         except Declined as exc:
             return f"declined: {exc}; torch's kernel, which would serve it, takes no such layout"
-    if DEVICE_ASSERT in build(rc, dev, rc.seed).case.tags and dev.type != "cpu":
+        probe = build(rc, dev, rc.seed)  # the call may have written its arguments
+    if DEVICE_ASSERT in probe.case.tags and dev.type != "cpu":
         try:  # a call the implementation declines would reach torch's kernel, which asserts on the device
-            call_impl(target, build(rc, dev, rc.seed))
+            call_impl(target, probe)
         except Declined as exc:
             return f"declined: {exc}; torch's kernel, which would serve it, asserts on this device"
     before = sum(count for (op, _, _), count in binding.DECLINES.items() if op == rc.op)
@@ -408,13 +412,33 @@ def check_dispatched(target: Target, rc: RandomCase, dev: torch.device) -> str:
         if reason is not None:
             return f"declined: {reason}"
         expected = call_native(rc.op, exp, dev)
+        fallbacks = _torch_served(rc.op)
+        actual = call_dispatcher(rc.op, act)
+        served = gate(act.built.args, act.built.kwargs) is None and _torch_served(rc.op) == fallbacks
         try:
-            compare(rc.op, call_dispatcher(rc.op, act), expected, act, exp, dev)
+            compare(rc.op, actual, expected, act, exp, dev, served)
         except AssertionError as exc:
             call = "first (plans)" if values_seed == rc.seed else "second (replays)"
             raise AssertionError(f"{call} call: {exc}") from exc
     after = sum(count for (op, _, _), count in binding.DECLINES.items() if op == rc.op)
     return "declined: the chain declined it to native (compared anyway)" if after > before else "passed"
+
+
+def _torch_served(op: str) -> int:
+    """Calls of ``op`` torch's kernel served so far: declined by a chain, or (compiled entry) by a native
+    plan or as unservable."""
+    from .. import binding
+    from ..runtime import RUNTIME
+
+    declined = sum(count for (name, _, _), count in binding.DECLINES.items() if name == op)
+    native = sum(stats.get("native", 0) + stats.get("unservable", 0) for key, stats in RUNTIME.plan_stats().items()
+                 if _stats_op(key) == _stats_op(op))
+    return declined + native
+
+
+def _stats_op(key: str) -> str:
+    """The op name of a plan-stats key (``aten::copy_@CUDA`` -> ``copy_``)."""
+    return key.split("@")[0].split("::")[-1].split(".")[0]
 
 
 class Unroutable(Exception):
@@ -492,7 +516,7 @@ def reproducer(rc: RandomCase, target: Target, mode: str, seed: int, dev: torch.
         lines.append(f"  arg {i}: {prep.built.layouts.get(str(i), _short(value))}")
     for key, value in prep.built.kwargs.items():
         lines.append(f"  {key}=: {prep.built.layouts.get(key, _short(value))}")
-    lines.append(f"  {message.strip().splitlines()[0] if message.strip() else message}")
+    lines += [f"  {line}" for line in message.strip().splitlines()[:6] if line.strip()]
     lines.append(f"  rerun: flaggems kit --op {rc.op} --impl {target.label} --seed {seed} --cases {rc.index + 1}"
                  + ("" if mode == "direct" else f" --entry {mode}"))
     return "\n".join(lines)
@@ -544,6 +568,11 @@ def _count(tally: Tally, target: Target, rc: RandomCase, mode: str, seed: int, d
         tally.failed += 1
         if len(tally.failures) < max_failures:
             tally.failures.append(reproducer(rc, target, mode, seed, dev, str(exc)))
+        return
+    except torch.OutOfMemoryError:  # a case too large for what the device has free (processes share it)
+        tally.declined += 1
+        if not any(n.startswith("out of memory") for n in tally.notes):
+            tally.notes.append(f"out of memory building or running case #{rc.index}: counted as declined")
         return
     if outcome.startswith("declined"):
         tally.declined += 1
