@@ -199,11 +199,10 @@ def gen_index_select(rng: random.Random, dev: torch.device) -> Gen:
 # -- repeat_interleave -------------------------------------------------------------------------------------------
 
 def repeat_list(rng: random.Random, n: int) -> tuple[list[int], str]:
-    """``n`` repeats in ``[0, 6]``; now and then one negative (torch's error). Each is raised by 0 or 1 from
-    torch's generator (the values seed): the replaying call of a case gets other repeats and another total,
-    which a plan must not have kept."""
-    bumps = torch.randint(0, 2, (n,)).tolist()
-    reps = [rng.choice((0, 1, 1, 2, 3, 5)) + bump for bump in bumps]
+    """``n`` repeats in ``[0, 6]``, drawn by torch's generator (the values seed: the replaying call of a case
+    gets other repeats and another total, which a plan must not have kept; a swept case has a million);
+    now and then one negative (torch's error)."""
+    reps = torch.randint(0, 7, (n,)).tolist()
     if n and rng.random() < 0.05:
         reps[rng.randrange(n)] = -1
         return reps, "negative"

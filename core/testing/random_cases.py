@@ -104,7 +104,7 @@ class RandomCase:
 SWEEP_SHARE = 0.25
 SWEEP_POINTS = 6
 #: Elements of a swept shape at most: under Triton's interpreter, and on a device.
-SWEEP_NUMEL = {"interpreted": 1 << 14, "device": 1 << 20}
+SWEEP_NUMEL = {"interpreted": 1 << 14, "device": 1 << 18}
 
 
 @dataclass
@@ -219,6 +219,8 @@ def call_native(op: str, prep: Prepared, dev: torch.device) -> Outcome:
         raised = _cpu_error(op, args, kwargs)  # torch answers with a device-side assert there
         if raised is not None:
             return raised
+    if dev.type == "cpu":
+        kwargs = cpu_safe_kwargs(op, args, kwargs)
     with native_scope():
         try:
             return Outcome(_overload(op)(*args, **kwargs))
@@ -286,12 +288,56 @@ def _cpu_error(op: str, args: tuple, kwargs: dict) -> Outcome | None:
     def to_cpu(v: Any) -> Any:
         return v.cpu() if isinstance(v, torch.Tensor) else v
 
+    args, kwargs = tuple(to_cpu(a) for a in args), {k: to_cpu(v) for k, v in kwargs.items()}
     with native_scope():
         try:
-            _overload(op)(*(to_cpu(a) for a in args), **{k: to_cpu(v) for k, v in kwargs.items()})
+            _overload(op)(*args, **cpu_safe_kwargs(op, args, kwargs))
         except Exception as exc:  # noqa: BLE001
             return Outcome(error=exc)
     return None
+
+
+#: ``repeat_interleave`` overloads taking a tensor of repeats, and its position (``output_size`` is keyword-only).
+_REPEATS_AT = {"repeat_interleave.Tensor": 0, "repeat_interleave.self_Tensor": 1}
+
+
+def torch_cpu_overruns(op: str, args: tuple, kwargs: dict) -> bool:
+    """Whether torch's CPU kernel may write outside its output for these arguments (heap corruption).
+
+    ``aten::repeat_interleave`` with ``output_size`` (ATen ``Repeat.cpp``, ``compute_cpu``): torch compares
+    ``output_size`` with the running sum's last element, allocates that many elements, then checks each
+    ``repeats[i] >= 0`` only inside its ``at::parallel_for``, row by row, each row writing
+    ``[cumsum[i] - repeats[i], cumsum[i])``. With a negative repeat and an ``output_size`` equal to the sum,
+    the rows before it, and on other threads the rows after it, write before the output's start or past its
+    end before the negative row raises: ``[-1, 2]`` with ``output_size=1`` writes element -1, which glibc
+    reports as ``free(): invalid pointer`` / ``invalid next size (fast)`` (the kit's generated
+    ``negative/right`` cases; on a GPU host through :func:`_cpu_error`'s CPU copies). Values are read
+    resolved (a negative-bit view is resolved before torch's kernel).
+    """
+    at = _REPEATS_AT.get(op)
+    if at is None or kwargs.get("output_size") is None:
+        return False
+    repeats = args[at] if len(args) > at else kwargs.get("repeats")
+    if not isinstance(repeats, torch.Tensor) or repeats.dtype not in (torch.int32, torch.int64) or not repeats.numel():
+        return False
+    from ..binding import native_scope
+
+    with native_scope():
+        return bool((repeats < 0).any())
+
+
+def cpu_safe_kwargs(op: str, args: tuple, kwargs: dict) -> dict:
+    """``kwargs`` for a call of torch's CPU kernel that raises torch's error instead of overrunning its output.
+
+    For :func:`torch_cpu_overruns` arguments, without ``output_size``: torch then checks the repeats for a
+    negative one before it allocates or writes anything, and raises its RuntimeError ("repeats can not be
+    negative"); every check before (dimensions, sizes, dtypes) is torch's own, as before. With a wrong
+    ``output_size`` torch would have said "allocated size does not match required size": also a
+    RuntimeError, the one thing the kit compares.
+    """
+    if not torch_cpu_overruns(op, args, kwargs):
+        return kwargs
+    return {k: v for k, v in kwargs.items() if k != "output_size"}
 
 
 # -- implementation side ----------------------------------------------------------------------------------------
@@ -404,6 +450,11 @@ def check_dispatched(target: Target, rc: RandomCase, dev: torch.device) -> str:
             call_impl(target, probe)
         except Declined as exc:
             return f"declined: {exc}; torch's kernel, which would serve it, asserts on this device"
+    elif dev.type == "cpu" and torch_cpu_overruns(rc.op, probe.built.args, probe.built.kwargs):
+        try:  # a call the implementation declines (a negative view, say) would reach torch's CPU kernel
+            call_impl(target, probe)
+        except Declined as exc:
+            return f"declined: {exc}; torch's CPU kernel, which would serve it, writes out of bounds"
     before = sum(count for (op, _, _), count in binding.DECLINES.items() if op == rc.op)
     for values_seed in (rc.seed, rc.seed + 1):
         exp = build(rc, dev, values_seed)
