@@ -62,7 +62,7 @@ from .. import ops as reference
 from ..chain import Decline
 from ..toolkit.iterator_layout import contiguous_strides, is_dense, iterator_strides
 from ..toolkit.layout import remember
-from .group_norm import suggest_memory_format, transformed
+from .group_norm import transformed
 
 #: Dtypes the kernels normalise (fp32 math).
 DTYPES = frozenset({torch.float16, torch.bfloat16, torch.float32})
@@ -147,11 +147,13 @@ def layout(input: torch.Tensor, residual: torch.Tensor | None, weight: torch.Ten
 
 
 def _kept_or_dense(sizes: Sequence[int], strides: Sequence[int]) -> list[int]:
-    """The strides of a cast (``preserve_format``): a dense tensor's own, else its suggested format's."""
+    """The strides of a cast (``preserve_format``), as torch's ``_to_copy`` lays them out (run on ``meta``): a
+    dense tensor's own; another's dense permutation of its stride order (``[2, 3, 4, 64]`` strides
+    ``(128, 2049, 512, 1)`` -> ``(64, 512, 128, 1)``, not the contiguous ``(768, 256, 64, 1)``)."""
     if is_dense(sizes, strides):
         return list(strides)
-    probe = torch.empty_strided(sizes, strides, device="meta")
-    return list(torch.empty(tuple(sizes), device="meta", memory_format=suggest_memory_format(probe)).stride())
+    probe = torch.empty_strided(tuple(sizes), tuple(strides), dtype=torch.bfloat16, device="meta")
+    return list(probe.to(torch.float32).stride())
 
 
 def _normed_strides(shape: list[int], strides: list[int], copies: bool, weight: torch.Tensor | None,

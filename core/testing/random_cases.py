@@ -399,13 +399,53 @@ def compare(op: str, actual: Outcome, expected: Outcome, act: Prepared, exp: Pre
         case = dataclasses.replace(case, check_strides=False)  # torch's output layout is that of its copies
     if served and op in LAYOUT_CHOICES and isinstance(actual.result, torch.Tensor):
         LAYOUT_CHOICES[op](actual.result, act.built.args)
-    assert_same(actual.result, expected.result, case, "result")
+    try:
+        assert_same(actual.result, expected.result, case, "result")
+    except AssertionError as exc:
+        if "not close" not in str(exc) or not closer_than_torch(op, actual.result, expected.result, exp, dev):
+            raise
     for i, (a, e) in enumerate(zip(act.built.args, exp.built.args)):
         assert_same(a, e, exp.case, f"argument {i} after the call")
     for key, e in exp.built.kwargs.items():
         assert_same(act.built.kwargs[key], e, exp.case, f"argument {key!r} after the call")
     for i, (a, e) in enumerate(zip(act.built.buffers, exp.built.buffers)):
         assert_same(a, e, exp.case, f"the whole buffer behind tensor argument {i} (poison outside the view)")
+
+
+def closer_than_torch(op: str, actual: Any, expected: Any, exp: Prepared, dev: torch.device) -> bool:
+    """A result outside the case's tolerance of torch's, judged against float64: the native op run on float64
+    copies of the floating inputs. It passes where every element of ours is no farther from that than twice
+    torch's distance plus the tolerance (torch's own rounding was the difference: an fp16 group of three
+    elements, a sum of 75,000 gradients, GELU's tail). ``False`` where float64 cannot be computed."""
+    if exp.case.ulps <= 0:
+        return False
+    from ..binding import _overload, native_scope
+
+    def wide(v: Any) -> Any:
+        return v.double() if isinstance(v, torch.Tensor) and v.dtype.is_floating_point else v
+
+    args, kwargs = native_inputs(op, exp, dev)
+    try:
+        with native_scope():
+            truth = _overload(op)(*(wide(a) for a in args), **{k: wide(v) for k, v in kwargs.items()})
+    except Exception:  # noqa: BLE001 - no float64 kernel: no judge
+        return False
+    return _no_farther(actual, expected, truth, exp.case.ulps)
+
+
+def _no_farther(actual: Any, expected: Any, truth: Any, ulps: float) -> bool:
+    from . import ULP
+
+    if isinstance(expected, (tuple, list)):
+        return all(_no_farther(a, e, t, ulps) for a, e, t in zip(actual, expected, truth))
+    if not isinstance(expected, torch.Tensor) or not expected.dtype.is_floating_point:
+        return True  # compared exactly by assert_same already
+    if not isinstance(truth, torch.Tensor) or truth.shape != expected.shape:
+        return False
+    ours, theirs, truth = actual.double(), expected.double(), truth.double()
+    tolerance = ulps * ULP.get(expected.dtype, 2.0**-23) * truth.abs().clamp_min(1.0)
+    bad = ((ours - truth).abs() > 2 * (theirs - truth).abs() + tolerance) | (ours.isnan() & ~theirs.isnan())
+    return not bool(bad.any())
 
 
 def device_assert_declined(prep: Prepared, dev: torch.device) -> str | None:
