@@ -271,17 +271,35 @@ def generalize(points: Sequence[tuple[tuple[int, ...], plans.Replay]]) -> plans.
         return None
 
 
+def kernel_signature(plan: plans.Replay) -> tuple:
+    """What replays must share to generalise, cheaply: each step's kernel and its integers' specialisation
+    classes (:func:`~flaggems.toolkit.plans.int_class`)."""
+    out: list[Any] = []
+    for step in plan.steps:
+        if type(step) is plans.CudaStep:
+            out.append((step.function, tuple(plans.int_class(v) for v in step.ints)))
+        elif type(step) is plans.PythonStep:
+            out.append((id(step.launcher), tuple(plans.int_class(v) for v in step.values if _is_int(v))))
+        else:
+            out.append(type(step).__name__)
+    return tuple(out)
+
+
 class Points:
     """The replays an op's planner recorded, per layout class, and the generic plans made from them."""
 
     def __init__(self) -> None:
-        self.classes: dict[tuple[int, ...], list[tuple[tuple[int, ...], plans.Replay]]] = {}
+        self.classes: dict[tuple, list[tuple[tuple[int, ...], plans.Replay]]] = {}
 
     def add(self, layout: Sequence[int] | None, inputs: Sequence[torch.Tensor], plan: Any) -> Any:
-        """Note a replay of class ``layout``; return a generic plan when one generalises the points."""
+        """Note a replay of class ``layout``; return a generic plan when one generalises the points.
+
+        Points are kept per class and per :func:`kernel_signature`: replays that launched other kernels, or
+        the same with an integer of another specialisation class (a numel that is a multiple of 16 one call
+        in sixteen), never generalise together, and would push each other out of the kept points."""
         if layout is None or type(plan) is not plans.Replay:
             return None
-        key = tuple(layout)
+        key = (tuple(layout), kernel_signature(plan))
         if key not in self.classes and len(self.classes) >= CLASSES:
             self.classes.clear()
         kept = self.classes.setdefault(key, [])
