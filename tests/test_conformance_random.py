@@ -50,3 +50,28 @@ def test_layouts_keep_values_and_poison_the_rest():
         assert torch.equal(view, x) and view.shape == x.shape
         assert view.is_neg() == (mode == "neg")
         assert int(buffer.isnan().sum()) == buffer.numel() - x.numel()
+
+
+def test_sweeps_reach_generic_plans():
+    """A sweep builds one case at six sizes of one layout class: the compiled entry serves the later ones
+    from a generic plan, which the kit compares with torch like any call."""
+    from flaggems import compiled
+
+    if compiled.load()[0] is None:
+        pytest.skip("the compiled entry cannot be built here")
+    stream = [rc for rc in kit.random_cases("copy_", 400, SEED) if rc.variant >= 0][:2 * kit.SWEEP_POINTS]
+    assert len(stream) == 2 * kit.SWEEP_POINTS and len({rc.seed for rc in stream}) == 2
+    target = next(t for t in TARGETS if t.op == "copy_")
+    tally = kit.run_target(target, stream, "compiled", SEED, kit.device())
+    assert not tally.failed and tally.generic > 0, tally
+
+
+def test_a_value_outside_tolerance_is_judged_against_float64():
+    import torch
+
+    ours = torch.tensor([1.0, 2.0, 3.0], dtype=torch.float16)
+    truth = torch.tensor([1.0, 2.0, 3.0005], dtype=torch.float64)
+    torch_answer = torch.tensor([1.0, 2.0, 2.99], dtype=torch.float16)
+    assert kit._no_farther(ours, torch_answer, truth, 1)  # ours is the closer one
+    assert not kit._no_farther(torch_answer, ours, truth, 1)
+    assert not kit._no_farther(torch.tensor([float("nan"), 2.0, 3.0]).half(), ours, truth, 1)

@@ -260,3 +260,16 @@ def test_copies_across_a_grid_step_inside_one_bucket():
         _copy(n)
     stats = _stats("copy_")
     assert stats["generic"] > 0
+
+
+def test_points_of_another_specialisation_class_gather_on_their_own():
+    """One size in sixteen is a multiple of 16 (another Triton specialisation of the kernel's ``n``): its
+    points are kept apart from the others', so both classes get a generic plan."""
+    points = generalize.Points()
+    layout = (1, 2, 3)
+    made = []
+    for n in (1001, 1003, 1008, 1005, 1007, 1024, 1009, 1011, 1040):
+        g = points.add(layout, [torch.empty(n)], _replay(generalize._cdiv(n, 256), n))
+        if g is not None:
+            made.append(g.plan.steps[0].params[1].bits.cls)
+    assert plans.int_class(1024) in made and plans.int_class(1001) in made
