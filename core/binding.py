@@ -14,6 +14,7 @@ interpreter calls ``copy_`` on CPU tensors, for example) goes native too.
 from __future__ import annotations
 
 import contextlib
+import os
 import threading
 import warnings
 from collections.abc import Callable, Iterator, Sequence
@@ -26,6 +27,7 @@ from torch.autograd import forward_ad
 from . import compiled, config, log
 from .chain import DECLINES, Decline, declines_of, note_decline, walk  # noqa: F401 - re-exported
 from .policy import Route
+from .toolkit import context as kernel_context
 from .toolkit.recording import RECORDERS
 from .types import resolve_callable
 
@@ -444,6 +446,7 @@ def release() -> None:
     ``disable()`` only switches the registrations off: registering or removing a kernel while another
     thread calls the op is unsafe in torch itself. Call this only when no other thread runs torch ops.
     """
+    forget_plans()  # the kept registries point at the slots released below
     for slot in _PY_SLOTS.values():
         slot.serve = None
         slot.library._destroy()
@@ -451,6 +454,32 @@ def release() -> None:
     module = compiled.loaded()
     if module is not None:
         module.release()
+
+
+#: Compiled-entry registries of recent ``enable()`` calls, newest last, kept with their plans after
+#: ``disable()``: an ``enable()`` with the same fingerprint (:func:`_fingerprint`) serves with them again
+#: instead of planning every call anew (a server switching flaggems off for one request, a benchmark
+#: alternating sides). A kernel-context reset (new tuning or flags) or :func:`forget_plans` drops them.
+_KEPT: dict[tuple, Any] = {}
+KEPT_REGISTRIES = 4
+
+
+def forget_plans() -> None:
+    """Drop the registries kept for a later ``enable()`` (their plans with them)."""
+    _KEPT.clear()
+
+
+kernel_context.on_reset(forget_plans)
+
+
+def _fingerprint(dispatch_key: str, routes: dict[str, Route], compiled_entry: Any) -> tuple:
+    """What a registry's plans were made under: the routes (each chain's implementations and limits), the
+    compiled module and its load, the plan budget and every ``FLAGGEMS_*`` setting in the environment."""
+    chains = tuple(sorted((op, repr(route.chain), route.unsupported_dtypes) for op, route in routes.items()
+                          if route.chain))
+    settings = tuple(sorted((k, v) for k, v in os.environ.items() if k.startswith("FLAGGEMS_")))
+    return (dispatch_key, chains, id(compiled_entry), compiled.generation(), settings, PLAN_CAPACITY,
+            PLAN_FREE_MISSES, PLAN_RETRY_EVERY)
 
 
 class Binding:
@@ -501,6 +530,14 @@ class Binding:
                 prepared.append((op, key, chain, entry, native))
         if use_compiled:
             strict = bool(config.get("FLAGGEMS_STRICT"))  # a malformed plan raises instead of being counted
+            fingerprint = _fingerprint(self.dispatch_key, routes, compiled_entry)
+            kept = _KEPT.pop(fingerprint, None)
+            if kept is not None:  # the same routes, entry, settings and kernel context: its plans still hold
+                _KEPT[fingerprint] = kept
+                kept.register_all()
+                self.registry = kept
+                self._note(prepared)
+                return
             registry = compiled_entry.Registry()
             for op, key, chain, entry, native in prepared:
                 namespace, qualified = namespace_of(op)
@@ -510,6 +547,9 @@ class Binding:
                              PLAN_FREE_MISSES, PLAN_RETRY_EVERY, strict)
             registry.register_all()
             self.registry = registry
+            _KEPT[fingerprint] = registry
+            while len(_KEPT) > KEPT_REGISTRIES:
+                _KEPT.pop(next(iter(_KEPT)))
         else:
             # Every kernel a new slot covers is captured before any of them is registered: once the backend
             # key of a CompositeImplicitAutograd op holds a registration, its Autograd key's current kernel is
@@ -522,6 +562,9 @@ class Binding:
                     slot = _PY_SLOTS[(op, key)] = _PySlot(op, key, below[(op, key)])
                 slot.serve = entry
                 self.slots.append((slot, entry))
+        self._note(prepared)
+
+    def _note(self, prepared: list[tuple]) -> None:
         for op, key, _, entry, native in prepared:
             if key == self.dispatch_key:
                 self.ops[op] = entry

@@ -316,7 +316,11 @@ class Runtime:
         return self._binding.plan_stats() if self._binding is not None else {}
 
     def clear_plans(self) -> None:
-        """Drop every plan the compiled entry cached (tests that change planner constants call it)."""
+        """Drop every plan the compiled entry cached (tests that change planner constants call it), those
+        kept for a later ``enable()`` included."""
+        from .binding import forget_plans
+
+        forget_plans()
         if self._binding is not None:
             self._binding.clear_plans()
 

@@ -273,3 +273,23 @@ def test_points_of_another_specialisation_class_gather_on_their_own():
         if g is not None:
             made.append(g.plan.steps[0].params[1].bits.cls)
     assert plans.int_class(1024) in made and plans.int_class(1001) in made
+
+
+def test_plans_survive_disable_and_enable_with_the_same_routes():
+    """``disable()`` then ``enable()`` with the same routes and settings serves with the plans made before
+    (no miss); a kernel-context reset (new tuning or flags) drops them."""
+    from flaggems.toolkit import context
+
+    for n in (100, 120, 97):
+        _copy(n)
+    misses = _stats("copy_")["miss"]
+    flaggems.disable()
+    flaggems.enable(include=["copy_", "_to_copy", "index_select"])
+    for n in (100, 120, 97, 111):  # three exact plans and one size of their generic plan
+        _copy(n)
+    assert _stats("copy_")["miss"] == misses
+    flaggems.disable()
+    context.reset()
+    flaggems.enable(include=["copy_", "_to_copy", "index_select"])
+    _copy(100)
+    assert _stats("copy_")["miss"] == 1

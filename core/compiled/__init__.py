@@ -191,7 +191,16 @@ def loaded() -> ModuleType | None:
     return result[0] if result else None  # type: ignore[index]
 
 
+_GENERATION = [0]
+
+
+def generation() -> int:
+    """How many times :func:`reset` ran: plans kept by an earlier load are not reused after one."""
+    return _GENERATION[0]
+
+
 def reset() -> None:
     """Forget the load decision (tests change ``FLAGGEMS_ENTRY``)."""
     with _LOCK:
         _STATE.clear()
+        _GENERATION[0] += 1
