@@ -51,6 +51,22 @@ def _fresh_plans():
 
 
 @pytest.fixture
+def compiled_for(monkeypatch):
+    """``compiled_for(ops)``: flaggems enabled for ``ops`` through the compiled entry (the test skips where
+    the entry cannot be built); disabled and the entry's load decision forgotten after."""
+    from flaggems import compiled
+
+    monkeypatch.setenv("FLAGGEMS_ENTRY", "compiled")
+    compiled.reset()
+    flaggems.disable()
+    if compiled.load()[0] is None:
+        pytest.skip("the compiled entry cannot be built here")
+    yield lambda ops: flaggems.enable(include=ops)
+    flaggems.disable()
+    compiled.reset()
+
+
+@pytest.fixture
 def runtime(monkeypatch):
     """The process runtime with no installed plugin (core tests register fakes).
 

@@ -23,18 +23,8 @@ DEV = "cuda" if torch.cuda.is_available() else "cpu"
 
 
 @pytest.fixture
-def compiled_entry(monkeypatch):
-    from flaggems import compiled
-
-    monkeypatch.setenv("FLAGGEMS_ENTRY", "compiled")
-    compiled.reset()
-    flaggems.disable()
-    if compiled.load()[0] is None:
-        pytest.skip("the compiled entry cannot be built here")
-    flaggems.enable(include=["copy_", "_to_copy", "index_select"])
-    yield
-    flaggems.disable()
-    compiled.reset()
+def compiled_entry(compiled_for):
+    compiled_for(["copy_", "_to_copy", "index_select"])
 
 
 def _native_float(x: torch.Tensor) -> torch.Tensor:

@@ -7,28 +7,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-import flaggems
 from flaggems.binding import native_scope
 
 
-@pytest.fixture
-def compiled_entry(monkeypatch):
-    from flaggems import compiled
-
-    monkeypatch.setenv("FLAGGEMS_ENTRY", "compiled")
-    compiled.reset()
-    flaggems.disable()
-    if compiled.load()[0] is None:
-        pytest.skip("the compiled entry cannot be built here")
-    flaggems.enable(include=["repeat_interleave.Tensor", "repeat_interleave.self_Tensor"])
-    yield
-    flaggems.disable()
-    compiled.reset()
-
-
-@pytest.mark.usefixtures("compiled_entry")
 @pytest.mark.parametrize("values", [[1, 2, 3], [3, 3, 3], [0, 0, 1], [5, 1, 1]])
-def test_same_layout_other_repeats_other_total(values):
+def test_same_layout_other_repeats_other_total(values, compiled_for):
+    compiled_for(["repeat_interleave.Tensor", "repeat_interleave.self_Tensor"])
     dev = "cuda" if torch.cuda.is_available() else "cpu"
     for first in ([1, 2, 3], values):  # the first call plans; the second has the key and other repeats
         repeats = torch.tensor(first, dtype=torch.int32, device=dev)
