@@ -315,3 +315,24 @@ def test_composite_copies_what_is_not_dense_in_torchs_format():
     assert not front.composite_copies(cl)  # the CPU composite keeps channels_last
     assert front.composite_copies(cl.to("meta"))  # elsewhere it copies to contiguous
     assert front.native_format(cl) == CL and front.native_format(cl.to("meta")) == torch.contiguous_format
+
+
+def test_suggest_memory_format_is_torchs_rule_without_its_import():
+    """The front's own channels-last stride rule against ``torch._prims_common``'s on random layouts (size-0 and
+    size-1 dimensions, stride 0, gaps, every storage order of rank 4 and 5)."""
+    import random
+
+    from torch._prims_common import suggest_memory_format as reference
+
+    rng = random.Random(0)
+    for _ in range(3000):
+        rank = rng.choice((4, 5))
+        sizes = [rng.choice((0, 1, 1, 2, 3, 4)) for _ in range(rank)]
+        order = rng.sample(range(rank), rank)
+        strides, run = [0] * rank, 1
+        for d in reversed(order):
+            strides[d] = run * rng.choice((0, 1, 1, 2)) if rng.random() < 0.9 else rng.choice((1, 3, 48))
+            run = max(strides[d], 1) * max(sizes[d], 1) + rng.choice((0, 0, 1))
+        storage = 0 if 0 in sizes else sum((s - 1) * st for s, st in zip(sizes, strides)) + 1
+        t = torch.empty(storage).as_strided(sizes, strides)
+        assert front.suggest_memory_format(t) == reference(t), (sizes, strides)

@@ -47,7 +47,7 @@ backward's contract (:func:`backward_mask`).
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -72,9 +72,26 @@ def suggest_memory_format(t: torch.Tensor) -> torch.memory_format:
     dense, channels_last = t.is_contiguous(), t.is_contiguous(memory_format=last)
     if dense != channels_last and 1 not in t.shape:  # the flags ignore size-1 dimensions; torch's rule does not
         return torch.contiguous_format if dense else last
-    from torch._prims_common import suggest_memory_format as reference
+    return last if strides_like_channels_last(t.shape, t.stride()) else torch.contiguous_format
 
-    return reference(t)
+
+def strides_like_channels_last(sizes: Sequence[int], strides: Sequence[int]) -> bool:
+    """torch's ``is_channels_last_strides_2d``/``_3d`` rule (c10 ``MemoryFormat.h``), which
+    ``suggest_memory_format`` follows: dimensions in channels-last order (C, then W, H[, D], then N) with
+    non-decreasing strides, each at least the last one times its size where that size is above 1. Written
+    here because ``torch._prims_common``'s copy imports the symbolic-shapes machinery on first use (3.3 s
+    in a kit process on the H200)."""
+    if len(sizes) not in (4, 5) or strides[1] == 0:
+        return False
+    order = (1, 3, 2, 0) if len(sizes) == 4 else (1, 4, 3, 2, 0)
+    smallest = 0
+    for d in order:
+        if sizes[d] == 0 or strides[d] < smallest:
+            return False
+        if d == 0 and smallest == strides[1]:  # N111: as contiguous as channels-last, torch keeps contiguous
+            return False
+        smallest = strides[d] * (sizes[d] if sizes[d] > 1 else 1)
+    return True
 
 
 def native_format(t: torch.Tensor) -> torch.memory_format:
