@@ -51,16 +51,23 @@ for v in ${KIT_VENDORS:-generic ascend kunlunxin hygon}; do  # a vendor's own im
   FLAGGEMS_VENDOR=${v/generic/} python3 -c "from flaggems.testing import random_cases as r
 for op, label in sorted({(t.op, t.label) for t in r.targets()}):
     print('$v', op, label) if '$v' == 'generic' or label != 'generic' else None"
-done >"$out/kit_tasks.txt"
+done >"$out/kit_targets.txt"
+# KIT_SHARDS="op=k ..." runs a slow op as k processes of KIT_CASES/k cases each, seeds KIT_SEED..KIT_SEED+k-1
+# (different cases; benchmarks/kit_tally.py sums them); other ops as one process of seed KIT_SEED
+while read -r v op label; do
+  k=1; for pair in ${KIT_SHARDS:-}; do [[ ${pair%=*} == "$op" && $label == generic ]] && k=${pair#*=}; done
+  for ((i = 0; i < k; i++)); do echo "$v $op $label $((${KIT_SEED:-0} + i)) $(((${KIT_CASES:-10000} + k - 1) / k))"; done
+done <"$out/kit_targets.txt" >"$out/kit_tasks.txt"
 python3 -m flaggems build  # once, before the processes that would each wait on the first one's build
 export out KIT_CASES=${KIT_CASES:-10000} KIT_SECONDS=${KIT_SECONDS:-400} KIT_TIMEOUT=${KIT_TIMEOUT:-450} KIT_ARGS=${KIT_ARGS:-}
 # one thread per process (16 processes share the cores); KIT_PROFILE=1: each process under cProfile
 export OMP_NUM_THREADS=1 KIT_PROFILE=${KIT_PROFILE:-}
-xargs -P "$KIT_JOBS" -L 1 bash -c 'name=kit_$0_${1//[:.]/_}_$2; prof=(); [[ -n $KIT_PROFILE ]] && \
+xargs -P "$KIT_JOBS" -L 1 bash -c 'name=kit_$0_${1//[:.]/_}_$2_s$3; prof=(); [[ -n $KIT_PROFILE ]] && \
   prof=(-m cProfile -o "$out/$name.prof"); FLAGGEMS_VENDOR=${0/generic/} FLAGGEMS_CHECK_INDICES=1 timeout $KIT_TIMEOUT \
-  python3 "${prof[@]}" -m flaggems kit --op $1 --impl $2 --cases $KIT_CASES --entry compiled --seconds $KIT_SECONDS \
-  $KIT_ARGS >"$out/$name.log" 2>&1; echo "$0 $1 $2 exit $?"' <"$out/kit_tasks.txt"
-grep -h -E "^  [^ ].*(passed|failed)|FAILED|Error|generic plans" "$out"/kit_*.log | sort | uniq | head -80
+  python3 "${prof[@]}" -m flaggems kit --op $1 --impl $2 --seed $3 --cases $4 --entry compiled \
+  --seconds $KIT_SECONDS $KIT_ARGS >"$out/$name.log" 2>&1; echo "$0 $1 $2 seed $3 exit $?"' <"$out/kit_tasks.txt"
+grep -h -E "FAILED|Error" "$out"/kit_*.log | sort | uniq | head -40
+python3 benchmarks/kit_tally.py "$out"/kit_*.log | tee "$out/kit_tally.txt"
 if [[ -n $KIT_PROFILE ]]; then python3 benchmarks/kit_profile.py "$out"/kit_*.prof >"$out/kit_profile.txt"; \
   head -120 "$out/kit_profile.txt"; fi
 tar czf "$out/kit_logs.tgz" -C "$out" $(cd "$out" && ls kit_*.log kit_*.prof 2>/dev/null) && \

@@ -75,3 +75,37 @@ def test_a_value_outside_tolerance_is_judged_against_float64():
     assert kit._no_farther(ours, torch_answer, truth, 1)  # ours is the closer one
     assert not kit._no_farther(torch_answer, ours, truth, 1)
     assert not kit._no_farther(torch.tensor([float("nan"), 2.0, 3.0]).half(), ours, truth, 1)
+
+
+def test_the_second_side_is_a_twin_in_its_own_memory():
+    """Both sides of a case hold the same layouts and values, in separate memory: aliasing between
+    arguments, poisoned buffers, negative views and leaves that require grad are kept."""
+    import torch
+
+    from flaggems.testing import _layouts
+
+    base = torch.randn(40)
+    self_ = base[2:26].view(4, 6).t()
+    alias = base[3:9]  # shares self_'s storage: the twin's must share the twin's copy
+    neg = torch._neg_view(torch.randn(5))
+    leaf = torch.randn(3, requires_grad=True)
+    index = torch.arange(8)[1::2]
+    built = _layouts.Built((self_, 1, index, alias), {"neg": neg, "leaf": leaf}, [base])
+    copy = _layouts.twin(built)
+    pairs = [*zip(built.args, copy.args), *zip(built.kwargs.values(), copy.kwargs.values()),
+             (base, copy.buffers[0])]
+    for a, b in pairs:
+        if not isinstance(a, torch.Tensor):
+            assert a == b
+            continue
+        assert torch.equal(a, b) and a.dtype == b.dtype and a.stride() == b.stride()
+        assert a.storage_offset() == b.storage_offset() and a.is_neg() == b.is_neg()
+        assert a.requires_grad == b.requires_grad and b.is_leaf
+        assert a.untyped_storage().data_ptr() != b.untyped_storage().data_ptr()
+    twin_self, twin_alias = copy.args[0], copy.args[3]
+    assert twin_self.untyped_storage().data_ptr() == twin_alias.untyped_storage().data_ptr()
+    assert copy.buffers[0].untyped_storage().data_ptr() == twin_self.untyped_storage().data_ptr()
+    twin_alias.fill_(7.0)
+    assert not bool((alias == 7.0).any()) and bool((twin_self.t().reshape(-1)[1:7] == 7.0).all())
+    assert _layouts.twin(_layouts.Built(([index],), {})) is None  # a list of tensors: built again
+    assert _layouts.twin(_layouts.Built((torch.randn(3, dtype=torch.complex64).conj(),), {})) is None

@@ -82,9 +82,16 @@ def constant_dims(t: torch.Tensor) -> list[int]:
     dims = []
     for d in range(t.dim()):
         first = t.narrow(d, 0, 1)
-        if t.size(d) == 1 or bool((t == first).all()) or _same_nan(t, first):
+        if t.size(d) == 1:
+            dims.append(d)
+        elif _equal(t.narrow(d, 1, 1), first) and _equal(t, first):  # the second slice rules most out cheaply
             dims.append(d)
     return dims
+
+
+def _equal(t: torch.Tensor, first: torch.Tensor) -> bool:
+    """Every element of ``t`` equals ``first`` broadcast along a dimension (NaN equal to NaN)."""
+    return bool((t == first).all()) or _same_nan(t, first)
 
 
 def _same_nan(t: torch.Tensor, first: torch.Tensor) -> bool:
@@ -242,3 +249,50 @@ def _convert_tensor(t: torch.Tensor, key: int | str, rng: random.Random, written
     view, buffer = place(t.detach(), plan)
     built.buffers.append(buffer)
     return view, mode
+
+
+def twin(built: Built) -> Built | None:
+    """A copy of ``built`` with its own memory: each storage behind its tensors copied once (so tensors that
+    shared one still do), each tensor the same view of the copy (sizes, strides, offset, negative bit, a leaf
+    that requires grad). ``None`` where a tensor is not a plain one (a subclass, another layout, a conjugate
+    or zero tensor, a view that is not a leaf, a container of tensors): that side is built again instead.
+    Twice as fast as a second build on the GPU, whose inputs come from generators and relayouts."""
+    copies: dict[tuple[int, int], torch.Tensor] = {}
+    made: dict[int, torch.Tensor] = {}
+
+    def copy(t: torch.Tensor) -> torch.Tensor | None:
+        if id(t) in made:
+            return made[id(t)]
+        if not _twinnable(t):
+            return None
+        storage = t.untyped_storage()
+        key = (storage.data_ptr(), storage.nbytes()) if storage.nbytes() else (id(t), 0)
+        if key not in copies:
+            copies[key] = torch.empty(storage.nbytes(), dtype=torch.uint8, device=t.device)
+            copies[key].untyped_storage().copy_(storage)
+        view = torch.empty(0, dtype=t.dtype, device=t.device)
+        view.set_(copies[key].untyped_storage(), t.storage_offset(), t.shape, t.stride())
+        view = torch._neg_view(view) if t.is_neg() else view
+        made[id(t)] = view.requires_grad_() if t.requires_grad else view
+        return made[id(t)]
+
+    values = [*built.args, *built.kwargs.values(), *built.buffers]
+    if any(isinstance(v, (list, tuple, dict)) and _holds_tensor(v) for v in values):
+        return None
+    twins = [copy(v) if isinstance(v, torch.Tensor) else v for v in values]
+    if any(isinstance(v, torch.Tensor) and w is None for v, w in zip(values, twins)):
+        return None
+    n, k = len(built.args), len(built.kwargs)
+    return Built(tuple(twins[:n]), dict(zip(built.kwargs, twins[n:n + k])), list(twins[n + k:]),
+                 dict(built.layouts))
+
+
+def _twinnable(t: torch.Tensor) -> bool:
+    return (type(t) is torch.Tensor and t.layout == torch.strided and t.device.type != "meta" and not t.is_conj()
+            and not t._is_zerotensor() and (t.is_leaf or not t.requires_grad)
+            and not torch._C._functorch.is_functorch_wrapped_tensor(t))
+
+
+def _holds_tensor(value: Any) -> bool:
+    items = value.values() if isinstance(value, dict) else value
+    return any(isinstance(v, torch.Tensor) or isinstance(v, (list, tuple, dict)) and _holds_tensor(v) for v in items)

@@ -43,7 +43,7 @@ import torch
 from . import DEVICE_ASSERT, NATIVE_CONTIGUOUS_ON_GPU, Case, Declined, _sweep, assert_same, cases_for, device
 from ._generators import GENERATORS as ATEN_GENERATORS
 from ._generators_fused import FUSED_GENERATORS
-from ._layouts import Built, relayout, written_arguments
+from ._layouts import Built, relayout, twin, written_arguments
 
 #: Modes a case runs through: the implementation's function, then the dispatcher under each entry.
 MODES = ("direct", "compiled", "python")
@@ -185,6 +185,18 @@ def build(rc: RandomCase, dev: torch.device, values_seed: int) -> Prepared:
             (args, kwargs), fixed, kind = case.make(dev), frozenset(), case.name
         built = relayout(tuple(args), dict(kwargs), rng, written_arguments(rc.op), fixed)
     return Prepared(built, case, kind)
+
+
+def build_pair(rc: RandomCase, dev: torch.device, values_seed: int,
+               built: Prepared | None = None) -> tuple[Prepared, Prepared]:
+    """Both sides' inputs (``built``: the first, built already and not called with): the second is a copy of
+    the first in its own memory (:func:`~flaggems.testing._layouts.twin`), or built again where it cannot be."""
+    from ..binding import native_scope
+
+    first = built if built is not None else build(rc, dev, values_seed)
+    with native_scope():
+        copied = twin(first.built)
+    return first, (Prepared(copied, first.case, first.kind) if copied is not None else build(rc, dev, values_seed))
 
 
 def _swept(rc: RandomCase) -> contextlib.AbstractContextManager:
@@ -460,8 +472,7 @@ def device_assert_declined(prep: Prepared, dev: torch.device) -> str | None:
 def check_direct(target: Target, rc: RandomCase, dev: torch.device) -> str:
     """Check one case on one implementation's function: ``"passed"`` or ``"declined: ..."``; raises
     AssertionError on a difference."""
-    exp = build(rc, dev, rc.seed)
-    act = build(rc, dev, rc.seed)
+    exp, act = build_pair(rc, dev, rc.seed)
     reason = device_assert_declined(exp, dev)
     if reason is not None:
         return f"declined: {reason}"
@@ -490,15 +501,16 @@ def check_dispatched(target: Target, rc: RandomCase, dev: torch.device) -> str:
             call_impl(target, probe)
         except Declined as exc:
             return f"declined: {exc}; torch's kernel, which would serve it, asserts on this device"
+        probe = None  # written by the call
     elif dev.type == "cpu" and torch_cpu_overruns(rc.op, probe.built.args, probe.built.kwargs):
         try:  # a call the implementation declines (a negative view, say) would reach torch's CPU kernel
             call_impl(target, probe)
         except Declined as exc:
             return f"declined: {exc}; torch's CPU kernel, which would serve it, writes out of bounds"
+        probe = None
     before = sum(count for (op, _, _), count in binding.DECLINES.items() if op == rc.op)
     for values_seed in (rc.seed, rc.seed + 1):
-        exp = build(rc, dev, values_seed)
-        act = build(rc, dev, values_seed)
+        exp, act = build_pair(rc, dev, values_seed, probe if values_seed == rc.seed else None)
         reason = device_assert_declined(exp, dev)
         if reason is not None:
             return f"declined: {reason}"
