@@ -109,3 +109,30 @@ def test_the_second_side_is_a_twin_in_its_own_memory():
     assert not bool((alias == 7.0).any()) and bool((twin_self.t().reshape(-1)[1:7] == 7.0).all())
     assert _layouts.twin(_layouts.Built(([index],), {})) is None  # a list of tensors: built again
     assert _layouts.twin(_layouts.Built((torch.randn(3, dtype=torch.complex64).conj(),), {})) is None
+
+
+def test_the_second_call_keeps_the_first_calls_layouts():
+    """A layout draw may depend on values (stride 0 only where they repeat); the kit's second call of a case,
+    built from other values, takes the first call's layouts (a bf16 rstd equal in every group once gave the
+    second call a stride-0 rstd that flaggems rightly declined and torch's CUDA kernel then misread)."""
+    import random
+
+    import torch
+
+    from flaggems.testing import _layouts
+
+    for seed in range(200):
+        constant = torch.ones(2, 3)
+        first = _layouts.relayout((constant,), {}, random.Random(seed), frozenset())
+        if first.args[0].stride()[1] == 0:
+            break
+    else:
+        pytest.fail("no seed drew stride 0 for the constant dimension")
+    varied = torch.arange(6.0).reshape(2, 3)
+    again = _layouts.relayout((varied,), {}, random.Random(seed), frozenset())
+    assert again.args[0].stride() != first.args[0].stride()  # drawn from the values: another layout
+    second = _layouts.relayout((varied,), {}, random.Random(seed), frozenset(), like=first)
+    assert second.args[0].stride() == first.args[0].stride()
+    assert second.args[0].storage_offset() == first.args[0].storage_offset()
+    assert torch.equal(second.args[0], varied[:, :1].expand(2, 3) if first.args[0].stride()[0] else
+                       varied[:1, :1].expand(2, 3))

@@ -339,9 +339,18 @@ def gen_native_group_norm_backward(rng: random.Random, dev: torch.device) -> Gen
     mean, rstd = _stats(x, dims[0], groups, EPS, param)
     w = randn((dims[1],), param, dev, 0.5, 1.0) if rng.random() < 0.8 else None
     mask = [rng.random() < 0.8 for _ in range(3)]
-    return Gen((dy, x, mean, rstd, w, dims[0], dims[1], math.prod(dims[2:]), groups, mask),
-               ulps=BACKWARD_ULPS[dtype], check_strides=dev.type == "cpu", tags=(NATIVE_CONTIGUOUS_ON_GPU,),
-               kind=str(dtype))
+    hxw = math.prod(dims[2:])
+    return Gen((dy, x, mean, rstd, w, dims[0], dims[1], hxw, groups, mask),
+               ulps=BACKWARD_ULPS[dtype] * sum_scale(dtype, max(dims[0], dims[1] // groups) * hxw),
+               check_strides=dev.type == "cpu", tags=(NATIVE_CONTIGUOUS_ON_GPU,), kind=str(dtype))
+
+
+def sum_scale(dtype: torch.dtype, terms: int) -> int:
+    """How much a float64 tolerance grows for results that sum ``terms`` values: float64 has no wider type
+    for the kit's judge, and two summation orders of n terms differ by about sqrt(n) * eps * sqrt(n) *
+    rms (a dbias of 55,591 terms: 1.1e-13 apart, 512 ulps of the result). ``1`` for other dtypes (the
+    float64 judge covers them)."""
+    return max(1, terms >> 12) if dtype == torch.float64 else 1
 
 
 # -- unfold ----------------------------------------------------------------------------------------------------

@@ -38,6 +38,7 @@ class Built:
     kwargs: dict[str, Any]
     buffers: list[torch.Tensor] = field(default_factory=list)
     layouts: dict[str, str] = field(default_factory=dict)
+    draws: list[tuple[str, Plan]] = field(default_factory=list)  # each tensor's (mode, plan), in build order
 
 
 def written_arguments(op: str) -> frozenset:
@@ -213,24 +214,30 @@ def neg_views_work(dev: torch.device) -> bool:
 
 
 def relayout(args: tuple, kwargs: dict, rng: random.Random, written: frozenset,
-             fixed: frozenset = frozenset()) -> Built:
+             fixed: frozenset = frozenset(), like: Built | None = None) -> Built:
     """Rebuild every tensor argument with a random layout (same values, same shape, same dtype).
 
     The same tensor object given twice keeps being one tensor; tensors that share
     memory otherwise keep their layout (the case's aliasing is part of it), and so do
     the arguments named in ``fixed`` (positions or names: their layout is the case).
+    ``like``: take the layouts ``like`` drew (the same case built from other values) instead of drawing them:
+    a draw depends on values (stride 0 only where values repeat, say a bf16 rstd equal in every group), and
+    the kit's two calls of a case must have one layout. Where a replayed stride 0 meets values that differ,
+    the tensor takes its first slice's values on that dimension (both sides alike).
     """
     tensors = [v for v in (*args, *kwargs.values()) if isinstance(v, torch.Tensor)]
     keep = _shared(tensors)
     built = Built((), {})
     neg = rng.random() < NEG_SHARE and all(neg_views_work(t.device) for t in tensors)
     memo: dict[int, tuple[torch.Tensor, str]] = {}
+    replay = iter(like.draws) if like is not None else None
 
     def convert(key: int | str, value: Any) -> Any:
         if not isinstance(value, torch.Tensor):
             return value
         if id(value) not in memo:
-            memo[id(value)] = _convert_tensor(value, key, rng, written, keep, built, fixed, neg)
+            drawn = next(replay, None) if replay is not None else None
+            memo[id(value)] = _convert_tensor(value, key, rng, written, keep, built, fixed, neg, drawn)
         view, mode = memo[id(value)]
         built.layouts[str(key)] = describe(view, mode)
         return view
@@ -241,9 +248,13 @@ def relayout(args: tuple, kwargs: dict, rng: random.Random, written: frozenset,
 
 
 def _convert_tensor(t: torch.Tensor, key: int | str, rng: random.Random, written: frozenset, keep: set[int],
-                    built: Built, fixed: frozenset, neg: bool) -> tuple[torch.Tensor, str]:
-    mode = choose_mode(t, rng, key in written, neg)
-    plan = plan_for(t, mode, rng)  # drawn even when unused: later arguments' draws must not depend on it
+                    built: Built, fixed: frozenset, neg: bool,
+                    drawn: tuple[str, Plan] | None = None) -> tuple[torch.Tensor, str]:
+    if drawn is None or len(drawn[1].order) != t.dim():
+        mode = choose_mode(t, rng, key in written, neg)
+        drawn = mode, plan_for(t, mode, rng)  # drawn even when unused: later arguments' draws must not depend on it
+    mode, plan = drawn
+    built.draws.append(drawn)
     if mode == "as-is" or id(t) in keep or key in fixed or t.requires_grad or t.layout != torch.strided:
         return t, "as-is"
     view, buffer = place(t.detach(), plan)

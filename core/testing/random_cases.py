@@ -168,8 +168,9 @@ def random_cases(op: str, count: int, seed: int = 0) -> list[RandomCase]:
     return out
 
 
-def build(rc: RandomCase, dev: torch.device, values_seed: int) -> Prepared:
-    """Build one side's inputs: the layout from ``rc.seed``, the values from ``values_seed``."""
+def build(rc: RandomCase, dev: torch.device, values_seed: int, like: Prepared | None = None) -> Prepared:
+    """Build one side's inputs: the layout from ``rc.seed`` (``like``: the layouts ``like`` drew), the values
+    from ``values_seed``."""
     from ..binding import native_scope
 
     rng = random.Random(rc.seed)
@@ -183,20 +184,23 @@ def build(rc: RandomCase, dev: torch.device, values_seed: int) -> Prepared:
         else:
             case = next(c for c in cases_for(rc.op) if c.name == rc.source)
             (args, kwargs), fixed, kind = case.make(dev), frozenset(), case.name
-        built = relayout(tuple(args), dict(kwargs), rng, written_arguments(rc.op), fixed)
+        built = relayout(tuple(args), dict(kwargs), rng, written_arguments(rc.op), fixed,
+                         like.built if like is not None else None)
     return Prepared(built, case, kind)
 
 
-def build_pair(rc: RandomCase, dev: torch.device, values_seed: int,
-               built: Prepared | None = None) -> tuple[Prepared, Prepared]:
-    """Both sides' inputs (``built``: the first, built already and not called with): the second is a copy of
-    the first in its own memory (:func:`~flaggems.testing._layouts.twin`), or built again where it cannot be."""
+def build_pair(rc: RandomCase, dev: torch.device, values_seed: int, built: Prepared | None = None,
+               like: Prepared | None = None) -> tuple[Prepared, Prepared]:
+    """Both sides' inputs (``built``: the first, built already and not called with; ``like``: a build of
+    the case whose layouts to take): the second is a copy of the first in its own memory
+    (:func:`~flaggems.testing._layouts.twin`), or built again where it cannot be."""
     from ..binding import native_scope
 
-    first = built if built is not None else build(rc, dev, values_seed)
+    first = built if built is not None else build(rc, dev, values_seed, like)
     with native_scope():
         copied = twin(first.built)
-    return first, (Prepared(copied, first.case, first.kind) if copied is not None else build(rc, dev, values_seed))
+    return first, (Prepared(copied, first.case, first.kind) if copied is not None
+                   else build(rc, dev, values_seed, like))
 
 
 def _swept(rc: RandomCase) -> contextlib.AbstractContextManager:
@@ -509,8 +513,10 @@ def check_dispatched(target: Target, rc: RandomCase, dev: torch.device) -> str:
             return f"declined: {exc}; torch's CPU kernel, which would serve it, writes out of bounds"
         probe = None
     before = sum(count for (op, _, _), count in binding.DECLINES.items() if op == rc.op)
+    first = None
     for values_seed in (rc.seed, rc.seed + 1):
-        exp, act = build_pair(rc, dev, values_seed, probe if values_seed == rc.seed else None)
+        exp, act = build_pair(rc, dev, values_seed, probe if first is None else None, first)
+        first = first or exp
         reason = device_assert_declined(exp, dev)
         if reason is not None:
             return f"declined: {reason}"
