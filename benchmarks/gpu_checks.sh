@@ -55,6 +55,7 @@ done >"$out/kit_targets.txt"
 # KIT_SHARDS="op=k ..." runs a slow op as k processes of KIT_CASES/k cases each, seeds KIT_SEED..KIT_SEED+k-1
 # (different cases; benchmarks/kit_tally.py sums them); other ops as one process of seed KIT_SEED
 while read -r v op label; do
+  [[ -n ${KIT_ONLY:-} && " $KIT_ONLY " != *" $op "* ]] && continue  # KIT_ONLY="op ...": only these ops
   k=1; for pair in ${KIT_SHARDS:-}; do [[ ${pair%=*} == "$op" && $label == generic ]] && k=${pair#*=}; done
   for ((i = 0; i < k; i++)); do echo "$v $op $label $((${KIT_SEED:-0} + i)) $(((${KIT_CASES:-10000} + k - 1) / k))"; done
 done <"$out/kit_targets.txt" >"$out/kit_tasks.txt"

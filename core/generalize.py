@@ -30,6 +30,8 @@ conformance kit checks by replaying many sizes of one class.
 
 from __future__ import annotations
 
+import math
+import random
 from collections.abc import Sequence
 from fractions import Fraction
 from typing import Any
@@ -145,6 +147,11 @@ def _cdiv(n: int, d: int) -> int:
     return -(-n // d)
 
 
+def _blocks_of(value: int, blocks: list[int]) -> bool:
+    """Whether ``value`` may be ``m * blocks`` (m >= 2) with the same block count at every point."""
+    return len(set(blocks)) == 1 and value % blocks[0] == 0 and value // blocks[0] >= 2
+
+
 class _Atoms:
     """The atoms at every point: which vary, their proportional groups, the guards."""
 
@@ -154,19 +161,20 @@ class _Atoms:
         self.varying = [a for a in range(count) if any(p[a] != points[0][a] for p in points)]
         self.pinned = tuple((a, points[0][a]) for a in range(count) if a not in set(self.varying))
         self.group: dict[int, int] = {}
+        self.scale: dict[int, Fraction] = {}  # atoms[a] / atoms[group[a]] at every point
         self.same: set[int] = set()
         ratios = []
         for a in self.varying:
             for rep in dict.fromkeys(self.group.values()):
                 ratio = self._ratio(a, rep)
                 if ratio is not None:
-                    self.group[a] = rep
+                    self.group[a], self.scale[a] = rep, ratio
                     ratios.append((a, ratio.numerator, rep, ratio.denominator))
                     if ratio == 1:
                         self.same.add(a)
                     break
             else:
-                self.group[a] = a
+                self.group[a], self.scale[a] = a, Fraction(1)
         self.ratios = tuple(ratios)
 
     def _ratio(self, a: int, rep: int) -> Fraction | None:
@@ -191,10 +199,54 @@ class _Atoms:
         if not found or len({self.group[a] for a, *_ in found}) != 1:
             return None  # no expression, or two that may disagree on calls to come
         classes = {plans.int_class(v) for v in values} if guarded else {-1}
-        if len(classes) != 1:
+        if len(classes) != 1 or not self._unambiguous(found, values):
             return None
         atom, mul, add, div = min(found, key=lambda f: (f[3] != 1, f[2] != 0, f[0]))
         return plans.sym(atom, mul, add, div, classes.pop())
+
+    def _unambiguous(self, found: list[tuple[int, int, int, int]], values: tuple[int, ...]) -> bool:
+        """Whether every expression giving ``values`` at the points is one function of the sizes around them:
+        those a plan computes, and products ``m * cdiv(atom, 2**k)`` (rows times column blocks, a grid no
+        plan expression computes). Three points fit both ``cdiv(n, 512)`` and a launcher's
+        ``2 * cdiv(n, 1024)``, which differ for half of all n: the H200 kit's repeat_interleave of a
+        [1, 203137] row left the last 385 elements unwritten. Checked on sampled sizes of the class."""
+        funcs = {(self.scale[a], "fit", mul, add, div): a for a, mul, add, div in found}
+        if math.gcd(*values) >= 2:  # a product m * blocks needs m >= 2 dividing every value
+            for a in (a for a in self.varying if self.group[a] == self.group[found[0][0]]):
+                xs = [p[a] for p in self.points]
+                for d in DIVISORS if all(x > 0 for x in xs) else ():
+                    blocks = [_cdiv(x, d) for x in xs]
+                    m, rem = divmod(values[0], blocks[0])
+                    if not rem and m >= 2 and all(m * b == v for b, v in zip(blocks, values)):
+                        funcs.setdefault((self.scale[a], "product", m, 0, d), a)
+                    if max(blocks) == 1:
+                        break
+        if len(funcs) == 1:
+            return True
+
+        def value(key: tuple, x: int) -> int:
+            scale, form, m, c, d = key
+            x = x * scale.numerator // scale.denominator  # exact: samples are multiples of the denominators
+            return m * _cdiv(x, d) if form == "product" else _cdiv(x * m + c, d)
+
+        return all(len({value(key, x) for key in funcs}) == 1 for x in self._samples(found[0][0]))
+
+    def _samples(self, a: int) -> list[int]:
+        """Sizes of ``a``'s group representative to compare expressions on: the points, their neighbours and
+        random ones in the powers of two around them; multiples of every ratio's denominator and of the
+        points' common alignment up to 16 (Triton's specialisation guards keep a multiple of 16 one: there
+        ``n`` and ``16 * cdiv(n, 16)`` are one function)."""
+        rep = self.group[a]
+        xs = [p[rep] for p in self.points]
+        step = next((k for k in (16, 8, 4, 2) if all(x % k == 0 for x in xs)), 1)
+        for b in self.varying:
+            if self.group[b] == rep:
+                step = step * self.scale[b].denominator // math.gcd(step, self.scale[b].denominator)
+        lo, hi = min(xs), max(xs)
+        low, high = (1 << (lo.bit_length() - 1), 1 << hi.bit_length()) if lo > 0 else (lo - (hi - lo), 2 * hi + 1)
+        pick = random.Random(hash((lo, hi)))
+        near = [x + k for x in xs for k in (-step, step)]
+        return [v - v % step for v in [*xs, *near, *(pick.randrange(low, high + 1) for _ in range(64))]]
 
     def steady(self, value: int) -> list[tuple[plans.Sym, int]]:
         """Guards for an integer equal at every point: each ``cdiv(atom, 2**k)`` and ``atom // 2**k`` (the
@@ -207,6 +259,9 @@ class _Atoms:
             ceil = next((d for d in DIVISORS if all(_cdiv(x, d) == value for x in xs)), None)
             if ceil is not None:
                 guards.append((plans.sym(a, 1, 0, ceil, -1), value))
+            product = next((d for d in DIVISORS if _blocks_of(value, [_cdiv(x, d) for x in xs])), None)
+            if product is not None:  # value = m * cdiv(atom, d) (rows times column blocks): its blocks must stay
+                guards.append((plans.sym(a, 1, 0, product, -1), _cdiv(xs[0], product)))
             floor = next((d for d in DIVISORS if all(x // d == value for x in xs)), None)
             if floor is not None:
                 guards.append((plans.sym(a, 1, 1 - floor, floor, -1), value))

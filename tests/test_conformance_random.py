@@ -136,3 +136,23 @@ def test_the_second_call_keeps_the_first_calls_layouts():
     assert second.args[0].storage_offset() == first.args[0].storage_offset()
     assert torch.equal(second.args[0], varied[:, :1].expand(2, 3) if first.args[0].stride()[0] else
                        varied[:1, :1].expand(2, 3))
+
+
+def test_a_replayed_stride_0_keeps_an_index_tensors_values():
+    """Repeats or indices equal at the first call may differ at the second: they keep their values (an
+    ``output_size`` is their sum; a copy onto repeated indices is defined only for equal rows)."""
+    import random
+
+    import torch
+
+    from flaggems.testing import _layouts
+
+    for seed in range(200):
+        first = _layouts.relayout((torch.full((4,), 3),), {}, random.Random(seed), frozenset())
+        if first.args[0].stride() == (0,):
+            break
+    else:
+        pytest.fail("no seed drew stride 0")
+    varied = torch.tensor([1, 2, 3, 4])
+    second = _layouts.relayout((varied,), {}, random.Random(seed), frozenset(), like=first)
+    assert torch.equal(second.args[0], varied) and second.args[0].stride() != (0,)

@@ -193,7 +193,7 @@ def _point(n: int, *ints: int, function: int = 1):
 
 
 def test_grid_and_sizes_become_expressions_of_the_atoms():
-    made = generalize.generalize([_point(1000, 4, 1000), _point(1500, 6, 1500), _point(1800, 8, 1800)])
+    made = generalize.generalize([_point(1000, 4, 1000), _point(1100, 5, 1100), _point(1800, 8, 1800)])
     assert made is not None
     step = made.plan.steps[0]
     assert step.grid[0] == plans.sym(0, 1, 0, 256, -1)  # cdiv(n, 256); a grid is not specialised on
@@ -220,6 +220,27 @@ def test_two_groups_that_both_explain_a_value_are_ambiguous():
     second = (generalize.atoms([torch.empty(12), torch.empty(22)]), _replay(1, 12))
     third = (generalize.atoms([torch.empty(15), torch.empty(25)]), _replay(1, 15))  # also the second minus 10
     assert generalize.generalize([first, second, third]) is None
+
+
+def test_a_grid_of_rows_times_blocks_is_not_taken_for_one_division():
+    """A launcher's ``2 * cdiv(n, 1024)`` (two rows of column blocks) equals ``cdiv(n, 512)`` wherever n mod 1024
+    is above 512 or 0, so three such points fit both; they differ for the rest (the H200 kit's
+    repeat_interleave of a [1, 203137] row, fitted on such points, left the last 385 elements unwritten).
+    No generic plan until a point tells them apart."""
+    def point(n):
+        return generalize.atoms([torch.empty(n)]), _replay(2 * generalize._cdiv(n, 1024), n)
+
+    assert generalize.generalize([point(n) for n in (246402, 237157, 239000)]) is None
+    assert generalize.generalize([point(n) for n in (246402, 237157, 255008)]) is None  # fits no one division
+
+
+def test_rows_times_blocks_equal_at_every_point_keep_their_blocks():
+    """A grid of 18 rows times ``cdiv(n, 512)`` blocks that is 180 at every point stays 180 only while
+    ``cdiv(n, 512)`` stays 10."""
+    made = generalize.generalize([_point(n, 180, n) for n in (4700, 4777, 4860)])
+    assert made is not None and made.plan.steps[0].grid[0] == 180
+    assert not generalize.admits(made, generalize.atoms([torch.empty(5121)]))
+    assert generalize.admits(made, generalize.atoms([torch.empty(5000)]))
 
 
 def test_two_points_are_not_enough():

@@ -19,6 +19,7 @@ give both sides (native and flaggems) identical layouts.
 
 from __future__ import annotations
 
+import dataclasses
 import random
 import sys
 from dataclasses import dataclass, field
@@ -223,7 +224,9 @@ def relayout(args: tuple, kwargs: dict, rng: random.Random, written: frozenset,
     ``like``: take the layouts ``like`` drew (the same case built from other values) instead of drawing them:
     a draw depends on values (stride 0 only where values repeat, say a bf16 rstd equal in every group), and
     the kit's two calls of a case must have one layout. Where a replayed stride 0 meets values that differ,
-    the tensor takes its first slice's values on that dimension (both sides alike).
+    a floating tensor takes its first slice's values on that dimension (both sides alike); an integer one
+    (indices, repeats: other arguments depend on their values, an ``output_size`` on a sum) keeps its values
+    and gets its stride back.
     """
     tensors = [v for v in (*args, *kwargs.values()) if isinstance(v, torch.Tensor)]
     keep = _shared(tensors)
@@ -253,6 +256,9 @@ def _convert_tensor(t: torch.Tensor, key: int | str, rng: random.Random, written
     if drawn is None or len(drawn[1].order) != t.dim():
         mode = choose_mode(t, rng, key in written, neg)
         drawn = mode, plan_for(t, mode, rng)  # drawn even when unused: later arguments' draws must not depend on it
+    elif drawn[1].zero and not (t.dtype.is_floating_point or t.dtype.is_complex) and \
+            not set(drawn[1].zero) <= set(constant_dims(t)):
+        drawn = drawn[0], dataclasses.replace(drawn[1], zero=())  # an index or a count keeps its values
     mode, plan = drawn
     built.draws.append(drawn)
     if mode == "as-is" or id(t) in keep or key in fixed or t.requires_grad or t.layout != torch.strided:
