@@ -7,7 +7,8 @@
 # "models" (flaggems bench --models), "probe" (benchmarks/probe.py), "kit" (the randomized conformance kit,
 # KIT_CASES per op, generic and each vendor simulated) and "vendors": each vendor's tests and
 # conformance kit simulated on this GPU, and its bench rows against the generic route or tuning).
-# KIT_JOBS > 1 runs the kit as one process per (op, implementation), that many at once.
+# KIT_JOBS > 1 runs the kit as one process per (op, implementation), that many at once; "distributed": the
+# two-GPU tests and benchmarks/distributed.py (nvidia-h200-x2).
 # MODELS_ARGS and BENCH_ARGS pass options to `flaggems bench --models` and `flaggems bench` (e.g. --only, --op).
 set -uo pipefail
 out=${OUT:-gpu-out}; mkdir -p "$out"
@@ -81,6 +82,15 @@ for v in ${KIT_VENDORS:-generic ascend kunlunxin hygon}; do
     --cases ${KIT_CASES:-10000} --entry compiled --seconds ${KIT_SECONDS:-20} ${KIT_ARGS:-} >"$out/kit_$v.log" 2>&1
   echo "$v kit exit $?"; grep -E "passed|warning|FAILED" "$out/kit_$v.log" | tail -40
 done
+fi
+if [[ $steps == *" distributed "* ]]; then
+echo "== two GPUs: tests/test_two_gpus.py, then benchmarks/distributed.py (tensor parallel, FSDP) over NCCL"
+timeout ${DIST_TEST_TIMEOUT:-300} python3 -m pytest -q -p no:cacheprovider tests/test_two_gpus.py \
+  tests/test_distributed.py >"$out/two_gpus.log" 2>&1
+echo "two-GPU tests exit $?"; grep -E "^(FAILED|ERROR)|passed|failed|skipped" "$out/two_gpus.log" | tail -20
+timeout ${DIST_TIMEOUT:-300} torchrun --standalone --nproc-per-node 2 benchmarks/distributed.py --device cuda \
+  --json "$out/distributed.json" >"$out/distributed.log" 2>&1
+echo "distributed exit $?"; grep -v -i warn "$out/distributed.log" | tail -12
 fi
 if [[ $steps == *" probe "* ]]; then
 echo "== probe"
