@@ -16,7 +16,9 @@ a :class:`~flaggems.toolkit.plans.GenericPlan`:
   *atoms* (:func:`atoms`: sizes, strides, offsets, numels and products of
   leading or trailing sizes of each input), ``atom * mul + add`` or
   ``cdiv(atom, 2**k)``, fitted on at least :data:`MIN_POINTS` points and unique
-  up to atoms that vary together;
+  up to atoms that vary together: every expression that gives it at the points,
+  products ``m * cdiv(atom, 2**k)`` included (a grid of rows times column
+  blocks), must be one function on sampled sizes around them;
 * guards: every atom equal at all points is pinned to its value, every atom
   proportional to another at all points keeps that ratio, and every computed
   integer keeps the class Triton specialises it on (1, a multiple of 16, 32-bit).
