@@ -13,6 +13,7 @@ import pytest
 import torch
 
 import flaggems
+from flaggems.binding import native_scope
 from flaggems.testing import random_cases as kit
 
 pytestmark = pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs")
@@ -43,7 +44,8 @@ def test_one_layout_on_both_devices_keeps_a_plan_per_device():
                 dst = torch.empty(4096, device=f"cuda:{index}", dtype=torch.bfloat16)
                 dst.copy_(src)
                 torch.cuda.synchronize(index)
-                assert torch.equal(dst.float(), src.bfloat16().float())
+                with native_scope():  # torch's own cast to compare with (enabled, .bfloat16() is routed)
+                    assert torch.equal(dst.float(), src.bfloat16().float())
     finally:
         flaggems.disable()
 
@@ -77,7 +79,8 @@ def test_a_cuda_graph_captured_on_the_second_gpu_replays():
             gate.copy_(torch.randn_like(gate))
             graph.replay()
             torch.cuda.synchronize(device)
-            assert torch.equal(half, x.half())
-            torch.testing.assert_close(product, torch.nn.functional.silu(gate) * up, rtol=1e-5, atol=1e-5)
+            with native_scope():
+                assert torch.equal(half, x.half())
+                torch.testing.assert_close(product, torch.nn.functional.silu(gate) * up, rtol=1e-5, atol=1e-5)
     finally:
         flaggems.disable()
