@@ -138,17 +138,17 @@ def tensor_parallel(device: torch.device, mesh: Any, p: dict[str, int], rounds: 
             "tokens": p["batch"] * p["seq"]}
 
 
-def fsdp_model(device: torch.device, mesh: Any, p: dict[str, int], patched: bool) -> tuple[torch.nn.Module, Any]:
-    """An fp32 model, patched or not, each layer and the root sharded; its SGD optimizer."""
+def fsdp_model(device: torch.device, mesh: Any, p: dict[str, int],
+               patched: bool) -> tuple[torch.nn.Module, Any, dict[str, Any] | None]:
+    """An fp32 model, patched or not, each layer and the root sharded; its SGD optimizer; the patch report."""
     from torch.distributed.fsdp import fully_shard
 
     model = build_decoder(LLAMA, device, p).float().train()
-    if patched:
-        flaggems.patch(model)  # before sharding: fully_shard wraps the patched modules
+    report = flaggems.patch(model).as_dict() if patched else None  # before fully_shard, which wraps them
     for layer in model.model.layers:
         fully_shard(layer, mesh=mesh)
     fully_shard(model, mesh=mesh)
-    return model, torch.optim.SGD(model.parameters(), lr=1e-2)
+    return model, torch.optim.SGD(model.parameters(), lr=1e-2), report
 
 
 def fsdp(device: torch.device, mesh: Any, p: dict[str, int], rounds: int) -> dict[str, Any]:
@@ -158,7 +158,7 @@ def fsdp(device: torch.device, mesh: Any, p: dict[str, int], rounds: int) -> dic
     sides = {"torch": fsdp_model(device, mesh, p, False), "flaggems": fsdp_model(device, mesh, p, True)}
 
     def train_step(name: str) -> Callable[[], float]:
-        model, optimizer = sides[name]
+        model, optimizer, _ = sides[name]
 
         def step() -> float:
             logits = model(input_ids=ids[:, :-1]).logits
@@ -183,7 +183,8 @@ def fsdp(device: torch.device, mesh: Any, p: dict[str, int], rounds: int) -> dic
     times = interleaved(steps, device, rounds, 2)
     flaggems.disable()
     return {"losses": losses, "loss_error": loss_error, "param_error": param_error,
-            "ok": loss_error <= FP32_TOLERANCE and param_error <= FP32_TOLERANCE, "ms": times}
+            "ok": loss_error <= FP32_TOLERANCE and param_error <= FP32_TOLERANCE, "ms": times,
+            "patch": sides["flaggems"][2]}
 
 
 def report(results: dict[str, Any]) -> str:
@@ -200,7 +201,7 @@ def report(results: dict[str, Any]) -> str:
         f"parameters after two steps {sharded['param_error']:.2e} ({'ok' if sharded['ok'] else 'DIFFERS'}, "
         f"tolerance {FP32_TOLERANCE})",
         f"fsdp: ms per training step torch {fs_ms['torch']:.3f} flaggems {fs_ms['flaggems']:.3f} "
-        f"speedup {fs_ms['torch'] / fs_ms['flaggems']:.3f}x",
+        f"speedup {fs_ms['torch'] / fs_ms['flaggems']:.3f}x; patched {sharded['patch']['patched']}",
     ])
 
 
