@@ -18,7 +18,10 @@ a :class:`~flaggems.toolkit.plans.GenericPlan`:
   ``cdiv(atom, 2**k)``, fitted on at least :data:`MIN_POINTS` points and unique
   up to atoms that vary together: every expression that gives it at the points,
   products ``m * cdiv(atom, 2**k)`` included (a grid of rows times column
-  blocks), must be one function on sampled sizes around them;
+  blocks), must be one function on sampled sizes around them; and a division
+  exact at every point is not fitted (a launcher picks its maskless variant
+  where its block divides the size: ``silu_mul``'s plan fitted on three even
+  sizes wrote 256 elements past an odd size's output, CPU repro of kit run 31);
 * guards: every atom equal at all points is pinned to its value, every atom
   proportional to another at all points keeps that ratio, and every computed
   integer keeps the class Triton specialises it on (1, a multiple of 16, 32-bit).
@@ -204,6 +207,8 @@ class _Atoms:
         if len(classes) != 1 or not self._unambiguous(found, values):
             return None
         atom, mul, add, div = min(found, key=lambda f: (f[3] != 1, f[2] != 0, f[0]))
+        if div > 1 and all((p[atom] * mul + add) % div == 0 for p in self.points):
+            return None  # a division exact at every point: a launcher may have chosen a variant for it
         return plans.sym(atom, mul, add, div, classes.pop())
 
     def _unambiguous(self, found: list[tuple[int, int, int, int]], values: tuple[int, ...]) -> bool:

@@ -234,6 +234,16 @@ def test_a_grid_of_rows_times_blocks_is_not_taken_for_one_division():
     assert generalize.generalize([point(n) for n in (246402, 237157, 255008)]) is None  # fits no one division
 
 
+def test_a_division_exact_at_every_point_does_not_generalise():
+    """``silu_mul`` launched ``n / 512`` programs of a maskless 512-element block for n = 2 x L x 128 at three
+    even L; an odd L gets a masked 256-element block from the planner. A plan fitted on the even points
+    (grid ``cdiv(L, 2)``) served L = 427 with the maskless kernel and wrote 256 elements past the output."""
+    def point(rows):
+        return generalize.atoms([torch.empty(2, rows, 128)]), _replay(rows // 2, 256 * rows)
+
+    assert generalize.generalize([point(rows) for rows in (330, 450, 394)]) is None
+
+
 def test_rows_times_blocks_equal_at_every_point_keep_their_blocks():
     """A grid of 18 rows times ``cdiv(n, 512)`` blocks that is 180 at every point stays 180 only while
     ``cdiv(n, 512)`` stays 10."""
