@@ -314,3 +314,19 @@ def test_plans_survive_disable_and_enable_with_the_same_routes():
     flaggems.enable(include=["copy_", "_to_copy", "index_select"])
     _copy(100)
     assert _stats("copy_")["miss"] == 1
+
+
+def test_a_fused_op_planned_at_even_sizes_serves_odd_ones_in_bounds(compiled_for):
+    """``silu_mul`` of ``[2, 1, L, 128]``: even L launch a maskless 512-element block, odd L a masked 256-element
+    one. Three even sizes first, then odd ones: a plan fitted on the even ones wrote 256 elements past an odd
+    size's output (heap corruption on the CPU). Every result equals torch's."""
+    from flaggems.binding import native_scope
+
+    compiled_for(["flaggems::silu_mul"])
+    for rows in (330, 450, 394, 427, 433, 362, 401):
+        gate = torch.randn(2, 1, rows, 128, device=DEV, dtype=torch.bfloat16)
+        up = torch.randn(2, 1, rows, 128, device=DEV, dtype=torch.bfloat16)
+        out = torch.ops.flaggems.silu_mul(gate, up)
+        with native_scope():
+            expected = (torch.nn.functional.silu(gate.float()) * up.float()).bfloat16()
+        torch.testing.assert_close(out, expected, rtol=2**-7, atol=2**-7)
