@@ -17,7 +17,8 @@ same on every rank; no download):
   and every parameter after them compared, then the time per training step of both, interleaved.
 
 Rank 0 prints the results (and writes ``--json``); the exit status is 1 when an output differs beyond
-its tolerance. ``benchmarks/README.md`` and RESULTS.md say where it ran.
+its tolerance, or when flaggems served none of the fused calls. ``benchmarks/README.md`` and RESULTS.md
+say where it ran.
 """
 
 from __future__ import annotations
@@ -83,6 +84,18 @@ def relative(actual: torch.Tensor, expected: torch.Tensor) -> float:
     return float((actual - expected).abs().max() / expected.abs().max().clamp_min(1e-30))
 
 
+def fused_replays() -> int | None:
+    """Calls of flaggems' fused operators its compiled entry replayed so far (``None`` under the Python entry,
+    which keeps no counters): above 0 shows flaggems served the patched model, not torch's references."""
+    from flaggems.runtime import RUNTIME
+
+    stats = RUNTIME.plan_stats()
+    if not stats:
+        return None
+    return sum(row.get("replay", 0) + row.get("generic", 0) for key, row in stats.items()
+               if key.startswith("flaggems::"))
+
+
 def interleaved(sides: dict[str, tuple[Callable[[], None], Callable[[], Any]]], device: torch.device, rounds: int,
                 steps: int) -> dict[str, float]:
     """Median milliseconds per step of each side, ``steps`` steps per side and round, sides alternating;
@@ -122,7 +135,7 @@ def tensor_parallel(device: torch.device, mesh: Any, p: dict[str, int], rounds: 
     flaggems.enable()
     report = flaggems.patch(model)
     actual = forward()
-    error = relative(actual, expected)
+    error, served = relative(actual, expected), fused_replays()
 
     def torch_side() -> None:
         flaggems.unpatch(model)
@@ -134,8 +147,8 @@ def tensor_parallel(device: torch.device, mesh: Any, p: dict[str, int], rounds: 
 
     times = interleaved({"torch": (torch_side, forward), "flaggems": (flaggems_side, forward)}, device, rounds, 3)
     torch_side()
-    return {"error": error, "ok": error <= BF16_TOLERANCE, "patch": report.as_dict(), "ms": times,
-            "tokens": p["batch"] * p["seq"]}
+    return {"error": error, "ok": error <= BF16_TOLERANCE and served != 0 and bool(report.patched),
+            "patch": report.as_dict(), "fused_replays": served, "ms": times, "tokens": p["batch"] * p["seq"]}
 
 
 def fsdp_model(device: torch.device, mesh: Any, p: dict[str, int],
@@ -176,6 +189,7 @@ def fsdp(device: torch.device, mesh: Any, p: dict[str, int], rounds: int) -> dic
     for name, (prepare, step) in steps.items():
         prepare()
         losses[name] = [float(step()) for _ in range(2)]
+    served = fused_replays()  # flaggems is enabled for the second side
     flaggems.disable()
     params = {name: [q.full_tensor() for q in sides[name][0].parameters()] for name in sides}
     param_error = max(relative(a, e) for a, e in zip(params["flaggems"], params["torch"]))
@@ -183,8 +197,9 @@ def fsdp(device: torch.device, mesh: Any, p: dict[str, int], rounds: int) -> dic
     times = interleaved(steps, device, rounds, 2)
     flaggems.disable()
     return {"losses": losses, "loss_error": loss_error, "param_error": param_error,
-            "ok": loss_error <= FP32_TOLERANCE and param_error <= FP32_TOLERANCE, "ms": times,
-            "patch": sides["flaggems"][2]}
+            "ok": loss_error <= FP32_TOLERANCE and param_error <= FP32_TOLERANCE and served != 0
+            and bool(sides["flaggems"][2]["patched"]), "ms": times, "patch": sides["flaggems"][2],
+            "fused_replays": served}
 
 
 def report(results: dict[str, Any]) -> str:
@@ -194,12 +209,13 @@ def report(results: dict[str, Any]) -> str:
     return "\n".join([
         f"flaggems {flaggems.__version__}, torch {torch.__version__}, {results['world']} ranks on {results['device']}",
         f"tensor parallel: logits max relative difference {tp['error']:.2e} "
-        f"({'ok' if tp['ok'] else 'DIFFERS'}, tolerance {BF16_TOLERANCE})",
+        f"({'ok' if tp['ok'] else 'DIFFERS'}, tolerance {BF16_TOLERANCE}); fused calls replayed by flaggems "
+        f"{tp['fused_replays']}",
         f"tensor parallel: ms per forward torch {tp_ms['torch']:.3f} flaggems {tp_ms['flaggems']:.3f} "
         f"speedup {tp_ms['torch'] / tp_ms['flaggems']:.3f}x ({tp['tokens']} tokens); patched {tp['patch']['patched']}",
         f"fsdp: losses torch {sharded['losses']['torch']} flaggems {sharded['losses']['flaggems']}; "
         f"parameters after two steps {sharded['param_error']:.2e} ({'ok' if sharded['ok'] else 'DIFFERS'}, "
-        f"tolerance {FP32_TOLERANCE})",
+        f"tolerance {FP32_TOLERANCE}); fused calls replayed by flaggems {sharded['fused_replays']}",
         f"fsdp: ms per training step torch {fs_ms['torch']:.3f} flaggems {fs_ms['flaggems']:.3f} "
         f"speedup {fs_ms['torch'] / fs_ms['flaggems']:.3f}x; patched {sharded['patch']['patched']}",
     ])

@@ -2,13 +2,15 @@
 
 On the CPU (gloo, the Triton interpreter) at smoke sizes: a tensor-parallel Llama's logits with flaggems
 and ``flaggems.patch`` equal the same sharded model's without it, and two FSDP training steps give the
-same losses and parameters. The same script runs on two GPUs with NCCL (``nvidia-h200-x2``).
+same losses and parameters, with the fused calls served by flaggems. The same script runs on two GPUs
+with NCCL (``nvidia-h200-x2``).
 """
 
 from __future__ import annotations
 
 import importlib.util
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -33,3 +35,5 @@ def test_tensor_parallel_and_fsdp_equal_torch_on_two_processes(tmp_path):
     assert done.returncode == 0, output[-4000:]
     assert "tensor parallel: logits max relative difference" in output and "(ok," in output, output[-4000:]
     assert "fsdp: losses" in output, output[-4000:]
+    replays = [int(n) for n in re.findall(r"fused calls replayed by flaggems (\d+)", output)]
+    assert len(replays) == 2 and min(replays) > 0, output[-4000:]  # flaggems served, not torch's references
