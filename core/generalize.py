@@ -18,13 +18,14 @@ a :class:`~flaggems.toolkit.plans.GenericPlan`:
   ``cdiv(atom, 2**k)``, fitted on at least :data:`MIN_POINTS` points and unique
   up to atoms that vary together: every expression that gives it at the points,
   products ``m * cdiv(atom, 2**k)`` included (a grid of rows times column
-  blocks), must be one function on sampled sizes around them; and a division
-  exact at every point is not fitted (a launcher picks its maskless variant
-  where its block divides the size: ``silu_mul``'s plan fitted on three even
-  sizes wrote 256 elements past an odd size's output, CPU repro of kit run 31);
+  blocks), must be one function on sampled sizes around them;
 * guards: every atom equal at all points is pinned to its value, every atom
-  proportional to another at all points keeps that ratio, and every computed
-  integer keeps the class Triton specialises it on (1, a multiple of 16, 32-bit).
+  proportional to another at all points keeps that ratio, every computed
+  integer keeps the class Triton specialises it on (1, a multiple of 16, 32-bit),
+  and a division exact at every point stays exact (``aligned``: a launcher picks
+  its maskless variant where its block divides the size: ``silu_mul``'s plan
+  fitted on three even sizes wrote 256 elements past an odd size's output, CPU
+  repro of kit run 31, before this guard).
 
 Within a class, decisions that depend on sizes (block sizes as powers of two,
 int32 against int64 indexing) are covered by the buckets of the class key;
@@ -152,6 +153,11 @@ def _cdiv(n: int, d: int) -> int:
     return -(-n // d)
 
 
+def _alignment(xs: Sequence[int]) -> int:
+    """The largest power of two up to 16 dividing every value."""
+    return next((k for k in (16, 8, 4, 2) if all(x % k == 0 for x in xs)), 1)
+
+
 def _blocks_of(value: int, blocks: list[int]) -> bool:
     """Whether ``value`` may be ``m * blocks`` (m >= 2) with the same block count at every point."""
     return len(set(blocks)) == 1 and value % blocks[0] == 0 and value // blocks[0] >= 2
@@ -168,6 +174,7 @@ class _Atoms:
         self.group: dict[int, int] = {}
         self.scale: dict[int, Fraction] = {}  # atoms[a] / atoms[group[a]] at every point
         self.same: set[int] = set()
+        self.aligned: dict[int, int] = {}  # representative atom -> what it must stay a multiple of
         ratios = []
         for a in self.varying:
             for rep in dict.fromkeys(self.group.values()):
@@ -204,19 +211,34 @@ class _Atoms:
         if not found or len({self.group[a] for a, *_ in found}) != 1:
             return None  # no expression, or two that may disagree on calls to come
         classes = {plans.int_class(v) for v in values} if guarded else {-1}
-        if len(classes) != 1 or not self._unambiguous(found, values):
-            return None
         atom, mul, add, div = min(found, key=lambda f: (f[3] != 1, f[2] != 0, f[0]))
-        if div > 1 and all((p[atom] * mul + add) % div == 0 for p in self.points):
-            return None  # a division exact at every point: a launcher may have chosen a variant for it
+        modulus = self._exact_modulus(atom, div) if div > 1 else 1
+        if len(classes) != 1 or not self._unambiguous(found, values, modulus):
+            return None
+        if modulus > 1:
+            rep = self.group[atom]
+            self.aligned[rep] = math.lcm(self.aligned.get(rep, 1), modulus, self._step(rep))
         return plans.sym(atom, mul, add, div, classes.pop())
 
-    def _unambiguous(self, found: list[tuple[int, int, int, int]], values: tuple[int, ...]) -> bool:
+    def _exact_modulus(self, atom: int, div: int) -> int:
+        """For ``cdiv(atom, div)`` exact at every point: what the group's representative must stay a multiple of
+        so that ``atom`` stays a multiple of ``div`` (and of its points' alignment up to 16), else 1. A launcher
+        picks its maskless variant where its block divides the size: ``silu_mul``'s plan fitted on three even
+        sizes wrote 256 elements past an odd size's output (CPU repro of kit run 31) before this guard."""
+        xs = [p[atom] for p in self.points]
+        if any(x % div for x in xs):
+            return 1
+        need = max(div, _alignment(xs))
+        scale = self.scale[atom]  # atom = rep * p / q: rep a multiple of q * need / gcd(p, need)
+        return scale.denominator * need // math.gcd(scale.numerator, need)
+
+    def _unambiguous(self, found: list[tuple[int, int, int, int]], values: tuple[int, ...], modulus: int) -> bool:
         """Whether every expression giving ``values`` at the points is one function of the sizes around them:
         those a plan computes, and products ``m * cdiv(atom, 2**k)`` (rows times column blocks, a grid no
         plan expression computes). Three points fit both ``cdiv(n, 512)`` and a launcher's
         ``2 * cdiv(n, 1024)``, which differ for half of all n: the H200 kit's repeat_interleave of a
-        [1, 203137] row left the last 385 elements unwritten. Checked on sampled sizes of the class."""
+        [1, 203137] row left the last 385 elements unwritten. Checked on sampled sizes of the class (multiples
+        of ``modulus``: an exact division's guard)."""
         funcs = {(self.scale[a], "fit", mul, add, div): a for a, mul, add, div in found}
         if math.gcd(*values) >= 2:  # a product m * blocks needs m >= 2 dividing every value
             for a in (a for a in self.varying if self.group[a] == self.group[found[0][0]]):
@@ -236,19 +258,24 @@ class _Atoms:
             x = x * scale.numerator // scale.denominator  # exact: samples are multiples of the denominators
             return m * _cdiv(x, d) if form == "product" else _cdiv(x * m + c, d)
 
-        return all(len({value(key, x) for key in funcs}) == 1 for x in self._samples(found[0][0]))
+        return all(len({value(key, x) for key in funcs}) == 1 for x in self._samples(found[0][0], modulus))
 
-    def _samples(self, a: int) -> list[int]:
-        """Sizes of ``a``'s group representative to compare expressions on: the points, their neighbours and
-        random ones in the powers of two around them; multiples of every ratio's denominator and of the
-        points' common alignment up to 16 (Triton's specialisation guards keep a multiple of 16 one: there
-        ``n`` and ``16 * cdiv(n, 16)`` are one function)."""
-        rep = self.group[a]
-        xs = [p[rep] for p in self.points]
-        step = next((k for k in (16, 8, 4, 2) if all(x % k == 0 for x in xs)), 1)
+    def _step(self, rep: int) -> int:
+        """The points' common alignment of ``rep`` up to 16, times what every ratio's denominator needs."""
+        step = _alignment([p[rep] for p in self.points])
         for b in self.varying:
             if self.group[b] == rep:
-                step = step * self.scale[b].denominator // math.gcd(step, self.scale[b].denominator)
+                step = math.lcm(step, self.scale[b].denominator)
+        return step
+
+    def _samples(self, a: int, modulus: int = 1) -> list[int]:
+        """Sizes of ``a``'s group representative to compare expressions on: the points, their neighbours and
+        random ones in the powers of two around them; multiples of every ratio's denominator, of the
+        points' common alignment up to 16 (Triton's specialisation guards keep a multiple of 16 one: there
+        ``n`` and ``16 * cdiv(n, 16)`` are one function) and of ``modulus``."""
+        rep = self.group[a]
+        xs = [p[rep] for p in self.points]
+        step = math.lcm(self._step(rep), modulus)
         lo, hi = min(xs), max(xs)
         low, high = (1 << (lo.bit_length() - 1), 1 << hi.bit_length()) if lo > 0 else (lo - (hi - lo), 2 * hi + 1)
         pick = random.Random(hash((lo, hi)))
@@ -328,7 +355,8 @@ def generalize(points: Sequence[tuple[tuple[int, ...], plans.Replay]]) -> plans.
             return None
         steady: dict[tuple[plans.Sym, int], None] = {}
         plan = _resolve(template, found, steady)
-        return plans.GenericPlan("generic", plan, found.pinned, found.ratios, tuple(steady))
+        return plans.GenericPlan("generic", plan, found.pinned, found.ratios, tuple(steady),
+                                 tuple(sorted(found.aligned.items())))
     except _Mismatch:
         return None
 
@@ -386,7 +414,8 @@ def admits(generic: plans.GenericPlan, atoms_: Sequence[int]) -> bool:
     ``bind_generic`` checks these, then each computed integer's specialisation class)."""
     return (all(atoms_[a] == v for a, v in generic.pinned)
             and all(atoms_[a] * q == atoms_[of] * p for a, p, of, q in generic.ratios)
-            and all(evaluate(s, atoms_) == v for s, v in generic.steady))
+            and all(evaluate(s, atoms_) == v for s, v in generic.steady)
+            and all(atoms_[a] % m == 0 for a, m in generic.aligned))
 
 
 def instantiate(template: Any, atoms_: Sequence[int]) -> Any:

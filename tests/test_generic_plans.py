@@ -234,14 +234,31 @@ def test_a_grid_of_rows_times_blocks_is_not_taken_for_one_division():
     assert generalize.generalize([point(n) for n in (246402, 237157, 255008)]) is None  # fits no one division
 
 
-def test_a_division_exact_at_every_point_does_not_generalise():
+def test_a_division_exact_at_every_point_stays_exact():
     """``silu_mul`` launched ``n / 512`` programs of a maskless 512-element block for n = 2 x L x 128 at three
     even L; an odd L gets a masked 256-element block from the planner. A plan fitted on the even points
-    (grid ``cdiv(L, 2)``) served L = 427 with the maskless kernel and wrote 256 elements past the output."""
+    (grid ``cdiv(L, 2)``) once served L = 427 with the maskless kernel and wrote 256 elements past the
+    output: the plan serves even L only."""
     def point(rows):
         return generalize.atoms([torch.empty(2, rows, 128)]), _replay(rows // 2, 256 * rows)
 
-    assert generalize.generalize([point(rows) for rows in (330, 450, 394)]) is None
+    made = generalize.generalize([point(rows) for rows in (330, 450, 394)])
+    assert made is not None and made.aligned == ((1, 2),)  # atom 1: L
+    assert made.plan.steps[0].grid[0] == plans.sym(1, 1, 0, 2, -1)
+    assert all(generalize.admits(made, generalize.atoms([torch.empty(2, rows, 128)])) for rows in (258, 300, 510))
+    assert not any(generalize.admits(made, generalize.atoms([torch.empty(2, rows, 128)])) for rows in (427, 301))
+
+
+def test_an_exact_division_keeps_the_points_alignment_up_to_16():
+    """Points that are all multiples of 16 also fit ``8 * cdiv(L, 16)``, equal to ``cdiv(L, 2)`` on multiples
+    of 16 only: the plan serves those."""
+    def point(rows):
+        return generalize.atoms([torch.empty(rows)]), _replay(rows // 2, rows)
+
+    made = generalize.generalize([point(rows) for rows in (272, 400, 496)])
+    assert made is not None and made.aligned == ((0, 16),)
+    assert generalize.admits(made, generalize.atoms([torch.empty(288)]))
+    assert not generalize.admits(made, generalize.atoms([torch.empty(290)]))
 
 
 def test_rows_times_blocks_equal_at_every_point_keep_their_blocks():
@@ -323,10 +340,12 @@ def test_a_fused_op_planned_at_even_sizes_serves_odd_ones_in_bounds(compiled_for
     from flaggems.binding import native_scope
 
     compiled_for(["flaggems::silu_mul"])
-    for rows in (330, 450, 394, 427, 433, 362, 401):
+    for rows in (330, 450, 394, 427, 433, 362, 401, 474):
         gate = torch.randn(2, 1, rows, 128, device=DEV, dtype=torch.bfloat16)
         up = torch.randn(2, 1, rows, 128, device=DEV, dtype=torch.bfloat16)
         out = torch.ops.flaggems.silu_mul(gate, up)
         with native_scope():
             expected = (torch.nn.functional.silu(gate.float()) * up.float()).bfloat16()
         torch.testing.assert_close(out, expected, rtol=2**-7, atol=2**-7)
+    stats = [s for k, s in RUNTIME.plan_stats().items() if k.startswith("flaggems::silu_mul@")]
+    assert sum(s["generic"] for s in stats) == 2  # 362 and 474 (even) from the even sizes' plan; odd ones miss

@@ -189,10 +189,13 @@ class GenericPlan(NamedTuple):
     equal, ``ratios`` (atom, p, of, q): ``atoms[atom] * q == atoms[of] * p``, ``steady`` (sym, value):
     a step function of the atoms (``cdiv`` or floor division by a power of two) that equalled a plan
     integer at every point and must keep that value (the integer may be that function: a grid of
-    ``cdiv(numel, 1024)`` is 11 for every numel in (10240, 11264])."""
+    ``cdiv(numel, 1024)`` is 11 for every numel in (10240, 11264]), ``aligned`` (atom, m): ``atoms[atom]``
+    must be a multiple of ``m`` (a division exact at every point stays exact: a launcher may have chosen a
+    maskless kernel for it)."""
 
     kind: str
     plan: Replay
     pinned: tuple[tuple[int, int], ...]
     ratios: tuple[tuple[int, int, int, int], ...]
     steady: tuple[tuple[Sym, int], ...] = ()
+    aligned: tuple[tuple[int, int], ...] = ()
