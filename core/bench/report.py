@@ -14,7 +14,7 @@ from .workload import Workload, dims
 
 SMOKE_BANNER = "SMOKE RUN: tiny shapes, a couple of iterations; the timings below are meaningless"
 COLUMNS = ("op", "workload", "dtype", "route", "torch us", "route us", "speedup", "torch wall", "route wall",
-           "wall x", "torch GB/s", "route GB/s", "ok", "ran")
+           "wall x", "torch busy us", "route busy us", "busy x", "torch GB/s", "route GB/s", "ok", "ran")
 
 
 def _num(value: float | None, suffix: str = "") -> str:
@@ -42,7 +42,8 @@ def rows(results: Sequence[Result]) -> list[tuple[str, ...]]:
             w = r.workload
             out.append((w.op, r.label, w.dtype, side, _num(base.kernel_us), _num(m.kernel_us),
                         _num(r.speedup(side), "x"), _num(base.wall_us), _num(m.wall_us),
-                        _num(r.speedup(side, "wall_us"), "x"), _num(base.gbps), _num(m.gbps), _ok(r, side),
+                        _num(r.speedup(side, "wall_us"), "x"), _num(base.busy_us), _num(m.busy_us),
+                        _num(r.speedup(side, "busy_us"), "x"), _num(base.gbps), _num(m.gbps), _ok(r, side),
                         m.ran or "-"))
     return out
 
@@ -58,6 +59,7 @@ def summary(results: Sequence[Result], side_names: Sequence[str]) -> dict[str, d
     """Per route: geomean kernel and wall speedups, and how many workloads count."""
     return {side: {"geomean_speedup": geomean([r.speedup(side) for r in results]),
                    "geomean_wall_speedup": geomean([r.speedup(side, "wall_us") for r in results]),
+                   "geomean_busy_speedup": geomean([r.speedup(side, "busy_us") for r in results]),
                    "workloads": sum(1 for r in results if r.speedup(side))}
             for side in side_names if side != TORCH}
 
@@ -71,7 +73,8 @@ def table(results: Sequence[Result], meta: dict[str, Any]) -> str:
     lines.extend(_align(COLUMNS, rows(results)))
     for side, stats in summary(results, meta["sides"]).items():
         lines.append(f"geomean speedup {side}: {_num(stats['geomean_speedup'], 'x')} kernel, "
-                     f"{_num(stats['geomean_wall_speedup'], 'x')} wall ({stats['workloads']} workloads)")
+                     f"{_num(stats['geomean_wall_speedup'], 'x')} wall, {_num(stats['geomean_busy_speedup'], 'x')} "
+                     f"GPU busy ({stats['workloads']} workloads)")
     lines.extend(problems(results))
     return "\n".join(lines)
 

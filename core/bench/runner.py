@@ -82,6 +82,7 @@ class Timing:
     wall_rounds: int = 7
     wall_round_ms: float = 20.0
     wall_max_calls: int = 200
+    busy_calls: int = 20
 
     @classmethod
     def for_run(cls, smoke: bool) -> Timing:
@@ -94,7 +95,8 @@ class Timing:
             return "SMOKE: tiny shapes, two host-timed calls per side; timings are meaningless"
         return (f"kernel: median of {self.passes} triton.testing.do_bench medians (warmup {self.warmup_ms:g} ms, "
                 f"rep {self.rep_ms:g} ms); wall: median of {self.wall_rounds} rounds of back-to-back calls "
-                "between synchronisations; sides interleaved, GC off while timing")
+                "between synchronisations; busy: GPU kernel time per call from torch.profiler (warm caches, "
+                f"{self.busy_calls} calls); sides interleaved, GC off while timing")
 
 
 @dataclass
@@ -105,6 +107,7 @@ class Measurement:
     ran: str = ""
     kernel_us: float | None = None
     wall_us: float | None = None
+    busy_us: float | None = None
     gbps: float | None = None
     match: bool | None = None
     max_diff: float | None = None
@@ -152,6 +155,7 @@ class Result:
             "sides": {name: asdict(m) for name, m in self.sides.items()},
             "speedup": {s: self.speedup(s) for s in others},
             "wall_speedup": {s: self.speedup(s, "wall_us") for s in others},
+            "busy_speedup": {s: self.speedup(s, "busy_us") for s in others},
         }
 
 
@@ -374,6 +378,26 @@ def kernel_us(fn: Callable[[], Any], target: Target, timing: Timing) -> float:
     return do_bench(fn, warmup=timing.warmup_ms, rep=timing.rep_ms, return_mode="median") * 1e3
 
 
+def busy_us(fn: Callable[[], Any], target: Target, timing: Timing) -> float | None:
+    """GPU busy µs per call: the durations of the device kernels (memcpy and memset included) that
+    ``timing.busy_calls`` calls launch, summed from ``torch.profiler``, whatever the host spends between them.
+    ``do_bench``'s kernel time of a small autograd step is its host time (the GPU waits for launches); this
+    is what the kernels cost. ``None`` without a GPU or in smoke runs."""
+    if timing.smoke or not target.gpu:
+        return None
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile
+
+    fn()
+    synchronize(target.device)
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(timing.busy_calls):
+            fn()
+        synchronize(target.device)
+    spent = sum(e.time_range.elapsed_us() for e in prof.events() if e.device_type == DeviceType.CUDA)
+    return spent / timing.busy_calls
+
+
 def round_us(fn: Callable[[], Any], device: torch.device, calls: int) -> float:
     """Mean wall-clock µs per call of ``calls`` back-to-back calls between two synchronisations."""
     synchronize(device)
@@ -464,6 +488,7 @@ class _WorkloadRun:
         calls: dict[str, int] = {}
         kernel: dict[str, list[float]] = {s: [] for s in side_names}
         wall: dict[str, list[float]] = {s: [] for s in side_names}
+        busy: dict[str, list[float]] = {s: [] for s in side_names}
 
         def count(side: str) -> None:
             calls[side] = calls_per_round(fn, self.target.device, self.timing)
@@ -474,15 +499,23 @@ class _WorkloadRun:
         def wall_round(side: str) -> None:
             wall[side].append(self._wall_round(fn, calls[side]))
 
+        def busy_pass(side: str) -> None:
+            spent = busy_us(fn, self.target, self.timing)
+            if spent is not None:
+                busy[side].append(spent)
+
         self._each_side(side_names, count)
         for _ in range(self.timing.passes):
             self._each_side(calls, kernel_pass)
         for _ in range(self.timing.wall_rounds):
             self._each_side(calls, wall_round)
+        for _ in range(self.timing.passes):
+            self._each_side(calls, busy_pass)
         for side in calls:
             measurement = self.result.sides[side]
             measurement.kernel_us = statistics.median(kernel[side]) if kernel[side] else None
             measurement.wall_us = statistics.median(wall[side]) if wall[side] else None
+            measurement.busy_us = statistics.median(busy[side]) if busy[side] else None
             if self.result.bytes_moved and measurement.kernel_us:
                 measurement.gbps = self.result.bytes_moved / (measurement.kernel_us * 1e3)
 
