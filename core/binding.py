@@ -543,7 +543,8 @@ class Binding:
                 namespace, qualified = namespace_of(op)
                 name, _, overload = qualified.partition(".")
                 registry.add(f"{namespace}::{name}", overload, key, entry,
-                             build_planner(chain, native, goes_native_test(native), op), PLAN_CAPACITY,
+                             build_planner(chain, native, goes_native_test(native), op,
+                                           autograd_key=key.startswith("Autograd")), PLAN_CAPACITY,
                              PLAN_FREE_MISSES, PLAN_RETRY_EVERY, strict)
             registry.register_all()
             self.registry = registry

@@ -141,7 +141,7 @@ def replay_spec(recording: rec_mod.Recording, result: Any, *, graph_free: bool =
 
 
 def build_planner(chain: Sequence[Any], native: Callable[..., Any], goes_native: Callable[[tuple], bool],
-                  op: str = "") -> Callable[..., tuple[Any, ...]]:
+                  op: str = "", autograd_key: bool = True) -> Callable[..., tuple[Any, ...]]:
     """The planner of one op: ``planner(args, kwargs, inputs, layout=None) -> (result, plan or None[,
     generic plan or None])``.
 
@@ -151,7 +151,12 @@ def build_planner(chain: Sequence[Any], native: Callable[..., Any], goes_native:
     declines are counted under ``op`` (:func:`flaggems.chain.note_decline`).
     ``layout`` is the call's class key from the entry: replays of one class are
     kept, and a generic plan is returned once they generalise
-    (:mod:`flaggems.generalize`).
+    (:mod:`flaggems.generalize`). ``autograd_key``: the op is served on an
+    Autograd key, where a call that needs a graph is never replayed. Below
+    autograd (a backend key) the graph is autograd's business: a call whose
+    inputs require grad replays like any other (the SD-1.5 training step sent
+    every such ``copy_`` and ``native_group_norm`` down the Python path: 152
+    ``copy_`` calls per two steps on the H200).
     """
     points = generalize.Points()
 
@@ -165,7 +170,7 @@ def build_planner(chain: Sequence[Any], native: Callable[..., Any], goes_native:
                 return result, PYTHON_PLAN
             if planned.notes:
                 return result, autograd_spec(recording, planned.notes, result)
-            plan = replay_spec(recording, result)
+            plan = replay_spec(recording, result, graph_free=autograd_key)
             return result, plan, points.add(layout, inputs, plan)
         if recording.steps:
             return native(*args, **kwargs), None  # a link launched, then declined: do not trust this key

@@ -351,6 +351,27 @@ def test_autograd_key_keeps_calls_that_need_a_graph_on_python():
         assert stats["replay"] >= 1
 
 
+def test_backend_key_replays_calls_whose_inputs_require_grad():
+    """Below autograd (the backend key) the graph is autograd's: ``clone`` of a tensor that requires grad reaches
+    ``copy_`` with that tensor, and the call replays; values and gradients stay torch's. (The SD-1.5 training
+    step sent every such call down the Python path.)"""
+    with flaggems.enabled():
+        from flaggems.runtime import RUNTIME
+
+        if RUNTIME._binding.registry is None:
+            pytest.skip("compiled entry not active")
+        key = f"aten::copy_@{RUNTIME.active_backend().dispatch_key}"
+        for _ in range(3):
+            leaf = torch.randn(5, 7, device=dev()).requires_grad_()
+            out = leaf.t().contiguous()  # clone of a transposed view: empty_like, then copy_ below autograd
+            (out * 2).sum().backward()
+            with binding.native_scope():
+                assert torch.equal(out, leaf.t()) and torch.equal(leaf.grad, torch.full_like(leaf, 2))
+            assert out.requires_grad and out.grad_fn is not None
+        stats = RUNTIME.plan_stats()[key]
+        assert stats["replay"] >= 2 and stats["python"] == 0, stats
+
+
 def _strided_gn_call(x, w, b, dy, create_graph=False):
     """group_norm of a sliced view (torch's composite would copy it: our node serves) and its gradients."""
     y = torch.nn.functional.group_norm(x[..., 1:6], 3, w, b)

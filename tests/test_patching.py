@@ -10,6 +10,7 @@ from torch import nn
 
 import flaggems
 from flaggems import ops, patching
+from flaggems.testing.steady import off_replay
 
 transformers = pytest.importorskip("transformers")
 DEV = torch.device(flaggems.backend().device_type)
@@ -152,6 +153,36 @@ def test_enabled_patched_model_routes_the_fused_operators(family):
         activation = "flaggems::gelu_tanh_mul" if family == "Gemma" else "flaggems::silu_mul"
         assert fused >= {"flaggems::rms_norm", "flaggems::add_rms_norm", "flaggems::rotary_embedding",
                          activation}, served
+
+
+@pytest.mark.parametrize("family", ["Llama", "Qwen2"])
+def test_a_patched_model_steady_step_runs_no_python(family):
+    """The third training step and the third forward of a patched model with every route enabled: every routed
+    call replays (or goes native) from the compiled entry; none reaches Python or the planner."""
+    model, prompt = tiny(family), ids()
+    flaggems.patch(model)
+    try:
+        with flaggems.enabled():
+            from flaggems.runtime import RUNTIME
+
+            if RUNTIME._binding.registry is None:
+                pytest.skip("compiled entry not active")
+            model.train()
+
+            def train_step():
+                model(prompt, labels=prompt).loss.backward()
+                model.zero_grad()
+
+            for _ in range(2):
+                train_step()
+            assert off_replay(train_step) == {}
+            model.eval()
+            with torch.no_grad():
+                for _ in range(2):
+                    model(prompt)
+                assert off_replay(lambda: model(prompt)) == {}
+    finally:
+        flaggems.unpatch(model)
 
 
 def test_torch_compile_traces_a_patched_model_without_new_graph_breaks():

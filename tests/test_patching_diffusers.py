@@ -9,6 +9,7 @@ from torch import nn
 import flaggems
 from flaggems import patching
 from flaggems.runtime import RUNTIME
+from flaggems.testing.steady import off_replay
 
 diffusers = pytest.importorskip("diffusers")
 from diffusers.models.resnet import ResnetBlock2D  # noqa: E402 - after the importorskip
@@ -176,3 +177,25 @@ def test_a_model_without_resnet_blocks_is_left_untouched():
     report = flaggems.patch(model)
     assert not report.patched and "left untouched" in str(report) and "ResnetBlock2D" in str(report)
     assert forward_attrs(model) == 0 and not patching.is_patched(model)
+
+
+def test_a_patched_unet_training_step_runs_no_python_in_the_steady_state():
+    """The third training step of a patched UNet with every route enabled: every routed call (the fused norms
+    and their backward, ``copy_`` of tensors that require grad, ``native_group_norm`` under the attention
+    blocks' GroupNorm) replays from the compiled entry."""
+    unet = tiny_unet().train()
+    flaggems.patch(unet)
+    try:
+        with flaggems.enabled():
+            if RUNTIME._binding.registry is None:
+                pytest.skip("compiled entry not active")
+
+            def step():
+                unet(**inputs()).sample.square().mean().backward()
+                unet.zero_grad()
+
+            for _ in range(2):
+                step()
+            assert off_replay(step) == {}
+    finally:
+        flaggems.unpatch(unet)
