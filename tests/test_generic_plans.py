@@ -349,3 +349,24 @@ def test_a_fused_op_planned_at_even_sizes_serves_odd_ones_in_bounds(compiled_for
         torch.testing.assert_close(out, expected, rtol=2**-7, atol=2**-7)
     stats = [s for k, s in RUNTIME.plan_stats().items() if k.startswith("flaggems::silu_mul@")]
     assert sum(s["generic"] for s in stats) == 2  # 362 and 474 (even) from the even sizes' plan; odd ones miss
+
+
+def test_rotary_of_a_new_length_is_served_by_a_generic_plan(compiled_for):
+    """GQA rotary (q with 4 heads, k with 2) at lengths of one bucket: once three lengths planned, the next
+    ones come from a generic plan, and every result equals the reference. The grid used to be the sum of
+    both sides' block counts, which no plan expression computes: every new length missed."""
+    from flaggems import ops
+    from flaggems.binding import native_scope
+
+    compiled_for(["flaggems::rotary_embedding"])
+    for length in (237, 178, 226, 242, 182, 134, 199):
+        q = torch.randn(2, 4, length, 16, device=DEV)
+        k = torch.randn(2, 2, length, 16, device=DEV)
+        cos, sin = torch.randn(2, length, 16, device=DEV), torch.randn(2, length, 16, device=DEV)
+        got = torch.ops.flaggems.rotary_embedding(q, k, cos, sin)
+        with native_scope():
+            want = ops.rotary_embedding(q, k, cos, sin)
+        for g, w in zip(got, want):
+            torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-5)
+    stats = [s for key, s in RUNTIME.plan_stats().items() if key.startswith("flaggems::rotary_embedding@")]
+    assert sum(s["generic"] for s in stats) >= 3, stats

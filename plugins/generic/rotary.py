@@ -5,8 +5,9 @@ this module is the kernel: :func:`prepare` (a launch described from metadata)
 and :func:`launch`.
 
 One kernel, ``_rotary_kernel``, serves both directions: its programs cover the
-rows (every index but the head dimension ``D``) of the first side (``q``),
-then those of the second (``k``), ``BLOCK_R`` rows a program. A row reads its
+rows (every index but the head dimension ``D``) of the first side (``q``) on
+grid row 0 and those of the second (``k``) on grid row 1, ``BLOCK_R`` rows a
+program. A row reads its
 ``D`` elements as two halves of ``D / 2`` (rotate-half: the first and the
 second half, each a contiguous load; ``interleaved``: the even and the odd
 elements, the whole row loaded and split in registers, so both vectorise),
@@ -61,7 +62,7 @@ INT32_LIMIT = 2**31
 ROW_DIMS = 3
 
 _SIDE_ARGS = ("rows", "n1", "n2", "xs0", "xs1", "xs2", "xsd", "as0", "as1", "as2", "asd", "os0", "os1", "os2", "osd")
-_NO_SPECIALIZE = ("blocks0", *(f"{a}_{s}" for s in (0, 1) for a in _SIDE_ARGS))
+_NO_SPECIALIZE = tuple(f"{a}_{s}" for s in (0, 1) for a in _SIDE_ARGS)
 
 
 @triton.jit
@@ -88,7 +89,10 @@ def _rotate_rows(x, o, cos, sin, block, rows, n1, n2, xs0, xs1, xs2, xsd, as0, a
                  BLOCK_R: tl.constexpr, HALF: tl.constexpr, HALF_P2: tl.constexpr, INTERLEAVED: tl.constexpr,
                  INVERSE: tl.constexpr, UNIT: tl.constexpr, ALIGNED: tl.constexpr, INT64: tl.constexpr):
     """Rotate rows ``[block * BLOCK_R, +BLOCK_R)`` of one side (see the module docstring)."""
-    r = _index(block, INT64) * BLOCK_R + tl.arange(0, BLOCK_R)
+    first = _index(block, INT64) * BLOCK_R
+    if first >= _index(rows, INT64):
+        return  # a block past this side's rows (the grid covers the side with more)
+    r = first + tl.arange(0, BLOCK_R)
     rmask = r < _index(rows, INT64)
     r = tl.where(rmask, r, 0)  # masked rows address row 0: no offset overflows
     n1 = _index(n1, INT64)
@@ -169,7 +173,7 @@ def _rotate_pairs(x, o, cos, sin, xrow, arow, orow, rmask, xsd, asd, osd, BLOCK_
 
 
 @triton.jit(do_not_specialize=_NO_SPECIALIZE)
-def _rotary_kernel(x0, o0, x1, o1, cos, sin, blocks0: tl.int64,
+def _rotary_kernel(x0, o0, x1, o1, cos, sin,
                    rows_0: tl.int64, n1_0: tl.int64, n2_0: tl.int64, xs0_0: tl.int64, xs1_0: tl.int64,
                    xs2_0: tl.int64, xsd_0: tl.int64, as0_0: tl.int64, as1_0: tl.int64, as2_0: tl.int64,
                    asd_0: tl.int64, os0_0: tl.int64, os1_0: tl.int64, os2_0: tl.int64, osd_0: tl.int64,
@@ -178,14 +182,15 @@ def _rotary_kernel(x0, o0, x1, o1, cos, sin, blocks0: tl.int64,
                    asd_1: tl.int64, os0_1: tl.int64, os1_1: tl.int64, os2_1: tl.int64, osd_1: tl.int64,
                    BLOCK_R: tl.constexpr, HALF: tl.constexpr, HALF_P2: tl.constexpr, INTERLEAVED: tl.constexpr,
                    INVERSE: tl.constexpr, UNIT: tl.constexpr, ALIGNED: tl.constexpr, INT64: tl.constexpr):
-    """Programs ``[0, blocks0)`` rotate side 0 (``x0`` into ``o0``), the rest side 1 (``x1`` into ``o1``)."""
+    """Program ``(b, 0)`` rotates block ``b`` of side 0 (``x0`` into ``o0``), ``(b, 1)`` block ``b`` of side 1
+    (``x1`` into ``o1``)."""
     pid = tl.program_id(0)
-    if pid < blocks0:
+    if tl.program_id(1) == 0:
         _rotate_rows(x0, o0, cos, sin, pid, rows_0, n1_0, n2_0, xs0_0, xs1_0, xs2_0, xsd_0, as0_0, as1_0, as2_0,
                      asd_0, os0_0, os1_0, os2_0, osd_0, BLOCK_R, HALF, HALF_P2, INTERLEAVED, INVERSE, UNIT, ALIGNED,
                      INT64)
     else:
-        _rotate_rows(x1, o1, cos, sin, pid - blocks0, rows_1, n1_1, n2_1, xs0_1, xs1_1, xs2_1, xsd_1, as0_1, as1_1,
+        _rotate_rows(x1, o1, cos, sin, pid, rows_1, n1_1, n2_1, xs0_1, xs1_1, xs2_1, xsd_1, as0_1, as1_1,
                      as2_1, asd_1, os0_1, os1_1, os2_1, osd_1, BLOCK_R, HALF, HALF_P2, INTERLEAVED, INVERSE, UNIT,
                      ALIGNED, INT64)
 
@@ -243,8 +248,11 @@ def prepare(sides: tuple[front.Side, ...], dtype: torch.dtype, interleaved: bool
     for rows, (n1, n2), triples in described if len(described) == 2 else described * 2:  # side 1 unused
         scalars += [rows, n1, n2, *triples[0], *triples[1], *triples[2]]
         blocks.append(cdiv(rows, block_r))
-    grid = (blocks[0] + (blocks[1] if len(sides) == 2 else 0),)
-    return launcher, grid, (blocks[0], *scalars)
+    # one axis of blocks, one of sides: the blocks of the side with more rows, an expression of one size (a
+    # sum of both sides' blocks is not one, so a plan generic over sizes could not compute it: a prompt of
+    # a new length missed for every rotary call); the other side's extra blocks return at once
+    grid = (max(blocks), len(sides))
+    return launcher, grid, tuple(scalars)
 
 
 def launch(prepared: tuple, xs: tuple[torch.Tensor, ...], cos: torch.Tensor, sin: torch.Tensor,
