@@ -390,12 +390,16 @@ def busy_us(fn: Callable[[], Any], target: Target, timing: Timing) -> float | No
 
     fn()
     synchronize(target.device)
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(timing.busy_calls):
-            fn()
-        synchronize(target.device)
-    spent = sum(e.time_range.elapsed_us() for e in prof.events() if e.device_type == DeviceType.CUDA)
-    return spent / timing.busy_calls
+    try:
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            for _ in range(timing.busy_calls):
+                fn()
+            synchronize(target.device)
+        events = prof.events()
+    except RuntimeError:  # a profiler that cannot start (CUPTI busy or missing) costs the column, not the side
+        return None
+    spent = sum(e.time_range.elapsed_us() for e in events if e.device_type == DeviceType.CUDA)
+    return spent / timing.busy_calls if spent else None
 
 
 def round_us(fn: Callable[[], Any], device: torch.device, calls: int) -> float:
