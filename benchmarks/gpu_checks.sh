@@ -4,7 +4,8 @@
 #   bash benchmarks/gpu_checks.sh [pytest selection...]
 # Writes logs and JSON under $OUT (or ./gpu-out). stevedore comes from .whl/.
 # STEPS picks what runs (default "tests hot_path bench"; also "small" (benchmarks/small_calls.py),
-# "models" (flaggems bench --models), "probe" (benchmarks/probe.py), "kit" (the randomized conformance kit,
+# "models" (flaggems bench --models), "probe" (benchmarks/probe.py), "new_shapes" (benchmarks/new_shapes.py),
+# "kit" (the randomized conformance kit,
 # KIT_CASES per op, generic and each vendor simulated) and "vendors": each vendor's tests and
 # conformance kit simulated on this GPU, and its bench rows against the generic route or tuning).
 # KIT_JOBS > 1 runs the kit as one process per (op, implementation), that many at once; "distributed": the
@@ -97,6 +98,12 @@ echo "== probe"
 timeout ${PROBE_TIMEOUT:-300} python3 benchmarks/probe.py --json "$out/probe.json" ${PROBE_ONLY:+--only $PROBE_ONLY} \
   >"$out/probe.log" 2>&1
 echo "probe exit $?"
+fi
+if [[ $steps == *" new_shapes "* ]]; then
+echo "== new shapes (a never-seen size at every call)"
+timeout ${NEW_SHAPES_TIMEOUT:-240} python3 benchmarks/new_shapes.py --calls ${NEW_SHAPES_CALLS:-1200} \
+  --json "$out/new_shapes.json" >"$out/new_shapes.log" 2>&1
+echo "new_shapes exit $?"; grep -v "^    " "$out/new_shapes.log" | tail -12
 fi
 if [[ $steps == *" hot_path "* ]]; then
 echo "== hot path"
