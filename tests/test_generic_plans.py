@@ -37,7 +37,8 @@ def _native_float(x: torch.Tensor) -> torch.Tensor:
 
 def _stats(op: str) -> dict:
     rows = [s for k, s in RUNTIME.plan_stats().items() if k.startswith(f"aten::{op}@")]
-    return {name: sum(r[name] for r in rows) for name in ("miss", "generic", "generic_plans", "replay", "plans")}
+    return {name: sum(r[name] for r in rows)
+            for name in ("miss", "generic", "generic_plans", "replay", "plans", "typed_replay")}
 
 
 def _copy(n: int, offset: int = 0) -> None:
@@ -53,6 +54,7 @@ def test_one_generic_plan_serves_many_sizes():
         _copy(n)
     stats = _stats("copy_")
     assert stats["miss"] == 3 and stats["generic"] == len(sizes) - 3 and stats["generic_plans"] == 1
+    assert stats["typed_replay"] == len(sizes) - 3  # served unboxed: copy_'s typed entry binds the generic plan
 
 
 def test_a_replayed_size_hits_its_exact_plan_after_the_generic_one_made_it():
