@@ -389,6 +389,7 @@ def gen_rotary_embedding(rng: random.Random, dev: torch.device) -> Gen:
         Hkv = rng.choice([h for h in range(1, Hq + 1) if Hq % h == 0])
         if B * S * (Hq + 2 * Hkv) * D <= MAX_NUMEL:
             break
+    B, S = _sweep.grow((B, S, (Hq + 2 * Hkv) * D), (0, 1))[:2]  # a sweep's points: other sequence lengths
     ab = rng.choices((B, 1, 2), (6, 3, 0.3))[0]  # angles per sequence, shared ([1, S, D]), growing the batch
     cos, sin = rotary_angles(rng, ab, S, D, dtype, dev, interleaved)
     unsqueeze = rng.choice((1, -3))
