@@ -89,11 +89,8 @@ def _rotate_rows(x, o, cos, sin, block, rows, n1, n2, xs0, xs1, xs2, xsd, as0, a
                  BLOCK_R: tl.constexpr, HALF: tl.constexpr, HALF_P2: tl.constexpr, INTERLEAVED: tl.constexpr,
                  INVERSE: tl.constexpr, UNIT: tl.constexpr, ALIGNED: tl.constexpr, INT64: tl.constexpr):
     """Rotate rows ``[block * BLOCK_R, +BLOCK_R)`` of one side (see the module docstring)."""
-    first = _index(block, INT64) * BLOCK_R
-    if first >= _index(rows, INT64):
-        return  # a block past this side's rows (the grid covers the side with more)
-    r = first + tl.arange(0, BLOCK_R)
-    rmask = r < _index(rows, INT64)
+    r = _index(block, INT64) * BLOCK_R + tl.arange(0, BLOCK_R)
+    rmask = r < _index(rows, INT64)  # also every row of a block past this side's rows (the grid covers the longer)
     r = tl.where(rmask, r, 0)  # masked rows address row 0: no offset overflows
     n1 = _index(n1, INT64)
     n2 = _index(n2, INT64)
@@ -250,7 +247,7 @@ def prepare(sides: tuple[front.Side, ...], dtype: torch.dtype, interleaved: bool
         blocks.append(cdiv(rows, block_r))
     # one axis of blocks, one of sides: the blocks of the side with more rows, an expression of one size (a
     # sum of both sides' blocks is not one, so a plan generic over sizes could not compute it: a prompt of
-    # a new length missed for every rotary call); the other side's extra blocks return at once
+    # a new length missed for every rotary call); the other side's extra blocks are masked off whole
     grid = (max(blocks), len(sides))
     return launcher, grid, tuple(scalars)
 
