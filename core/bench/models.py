@@ -130,6 +130,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 import flaggems
 
+from ..testing.steady import off_replay
 from . import report, runner
 from .report import plot_available
 from .runner import FLAGGEMS, TOLERANCES, TORCH, Target
@@ -362,6 +363,7 @@ class SideResult:
     top_calls: dict[str, int] = field(default_factory=dict)
     kernel_launches: int | None = None
     device_copies: int | None = None
+    off_replay: dict[str, dict[str, int]] = field(default_factory=dict)
     info: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -1848,7 +1850,10 @@ def prepare_side(case: Case, side: Side, entry: SideResult, reference: Any, devi
         with side.active(case):
             for _ in range(warmup):
                 case.step(OFF)
-            counted = census(case, device)
+            counts: list[Census] = []
+            # the census step is a steady one: routed calls it sends to Python or the planner cost host time
+            entry.off_replay = off_replay(lambda: counts.append(census(case, device)))
+            counted = counts[0]
         entry.calls, entry.top_calls = counted.calls, counted.top
         entry.kernel_launches, entry.device_copies = counted.kernels, counted.copies
         entry.info["calls_counted_by"] = counted.method
@@ -2073,6 +2078,10 @@ def ops_lines(results: Sequence[ModelResult]) -> list[str]:
             patched = side.info.get("patch", {}).get("patched")
             if patched:
                 lines.append(f"    flaggems.patch: {_counts(patched)}")
+            if side.off_replay:  # steady-state calls that took Python or the planner (flaggems.testing.steady)
+                lines.append("    off the replay path: " + "; ".join(
+                    f"{op} " + ", ".join(f"{k} {v}" for k, v in counts.items() if v)
+                    for op, counts in side.off_replay.items()))
     return lines
 
 
