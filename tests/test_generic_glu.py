@@ -456,10 +456,11 @@ def test_kernels_compile_for_sm90():
 
         for dtype in ("bf16", "fp16", "fp32"):
             for act in (0, 1):
-                for block_r, block_c, two_rows, even in ((1, 2048, False, True), (8, 256, True, True),
-                                                         (1, 2048, False, False)):
+                variants = ((1, 2048, False, True, False), (8, 256, True, True, True), (8, 256, False, True, True),
+                            (1, 2048, False, False, False))
+                for block_r, block_c, two_rows, even, axes in variants:
                     flags = dict(ACT=act, BLOCK_R=block_r, BLOCK_C=block_c, TWO_ROWS=two_rows, EVEN_C=even,
-                                 UNIT=True, ALIGNED=True, INT64=False)
+                                 UNIT=True, ALIGNED=True, INT64=False, TWO_AXES=axes)
                     ptx = build(k._glu_kernel, flags, dtype)
                     assert "ld.global.v4" in ptx and "st.global.v4" in ptx, (dtype, flags)
                     assert "div.full.f32" in ptx and "ex2.approx" in ptx  # fast division and exp
@@ -468,7 +469,7 @@ def test_kernels_compile_for_sm90():
                                     dtype)
                         assert "ld.global.v4" in ptx and "st.global.v4" in ptx, (dtype, flags, needs)
                 slow = dict(ACT=act, BLOCK_R=4, BLOCK_C=512, TWO_ROWS=True, EVEN_C=False, UNIT=False, ALIGNED=False,
-                            INT64=True)
+                            INT64=True, TWO_AXES=True)
                 build(k._glu_kernel, slow, dtype)
                 build(k._glu_backward_kernel, dict(NEED_GATE=True, NEED_UP=True, **slow), dtype)
         print("ok")

@@ -335,22 +335,42 @@ def test_plans_survive_disable_and_enable_with_the_same_routes():
     assert _stats("copy_")["miss"] == 1
 
 
-def test_a_fused_op_planned_at_even_sizes_serves_odd_ones_in_bounds(compiled_for):
-    """``silu_mul`` of ``[2, 1, L, 128]``: even L launch a maskless 512-element block, odd L a masked 256-element
-    one. Three even sizes first, then odd ones: a plan fitted on the even ones wrote 256 elements past an odd
-    size's output (heap corruption on the CPU). Every result equals torch's."""
+def _silu_mul_at(shape: tuple[int, ...]) -> None:
+    """One ``flaggems::silu_mul`` call of bf16 ``shape``, compared with torch's two ops."""
     from flaggems.binding import native_scope
 
-    compiled_for(["flaggems::silu_mul"])
-    for rows in (330, 450, 394, 427, 433, 362, 401, 474):
-        gate = torch.randn(2, 1, rows, 128, device=DEV, dtype=torch.bfloat16)
-        up = torch.randn(2, 1, rows, 128, device=DEV, dtype=torch.bfloat16)
-        out = torch.ops.flaggems.silu_mul(gate, up)
-        with native_scope():
-            expected = (torch.nn.functional.silu(gate.float()) * up.float()).bfloat16()
-        torch.testing.assert_close(out, expected, rtol=2**-7, atol=2**-7)
+    gate = torch.randn(*shape, device=DEV, dtype=torch.bfloat16)
+    up = torch.randn(*shape, device=DEV, dtype=torch.bfloat16)
+    out = torch.ops.flaggems.silu_mul(gate, up)
+    with native_scope():
+        expected = (torch.nn.functional.silu(gate.float()) * up.float()).bfloat16()
+    torch.testing.assert_close(out, expected, rtol=2**-7, atol=2**-7)
+
+
+def _silu_mul_stats() -> dict:
     stats = [s for k, s in RUNTIME.plan_stats().items() if k.startswith("flaggems::silu_mul@")]
-    assert sum(s["generic"] for s in stats) == 2  # 362 and 474 (even) from the even sizes' plan; odd ones miss
+    return {name: sum(s[name] for s in stats) for name in ("miss", "generic")}
+
+
+def test_a_fused_op_planned_at_even_sizes_serves_odd_ones_in_bounds(compiled_for):
+    """``silu_mul`` of ``[2, 1, L, 640]`` (640 takes no maskless column tile: the operands stay one flat
+    dimension): L of 2 mod 4 launch a maskless 512-element block, odd L a masked 256-element one. Three even sizes
+    first, then odd ones: a plan fitted on the even ones wrote 256 elements past an odd size's output (heap
+    corruption on the CPU). Every result equals torch's."""
+    compiled_for(["flaggems::silu_mul"])
+    for rows in (330, 398, 394, 327, 333, 362, 401, 378):  # 2 * L * 640 elements: one numel bucket
+        _silu_mul_at((2, 1, rows, 640))
+    assert _silu_mul_stats()["generic"] == 2  # 362 and 378 (even) from the even sizes' plan; odd ones miss
+
+
+def test_a_fused_op_of_a_new_prompt_length_is_served_by_a_generic_plan(compiled_for):
+    """``silu_mul`` of ``[2, L, 256]`` (an MLP's activations at prompt length L): the operands are rows of the
+    256 columns, whose tile does not depend on L, so after three lengths every new one replays a generic plan.
+    Seen flat, ``2 * L * 256`` elements took a tile set by L's factors of two: 5 of these 7 lengths missed."""
+    compiled_for(["flaggems::silu_mul"])
+    for length in (237, 178, 226, 242, 182, 134, 199):
+        _silu_mul_at((2, length, 256))
+    assert _silu_mul_stats() == {"miss": 3, "generic": 4}
 
 
 def test_rotary_of_a_new_length_is_served_by_a_generic_plan(compiled_for):

@@ -7,7 +7,9 @@ and :func:`launch`.
 Every operand is addressed through its own strides over one shape. The
 dimensions are collapsed jointly for all operands, ordered by the output's
 strides (:func:`~flaggems.toolkit.collapse_dims`): contiguous tensors become
-one flat dimension, the two halves of a merged ``[T, 2 * I]`` projection
+one flat dimension, cut back into rows of their innermost dimension where
+that takes a maskless column tile (so the launch does not depend on how many
+rows there are), the two halves of a merged ``[T, 2 * I]`` projection
 become ``T`` rows of ``I`` columns with row stride ``2 * I``. The innermost
 collapsed dimension is the columns; at most two outer dimensions, the rows,
 remain (more decline, forward only). A program covers a ``[BLOCK_R, BLOCK_C]``
@@ -64,6 +66,8 @@ MIN_EVEN_BLOCK = 256
 PER_THREAD = 16
 MAX_WARPS = 8
 INT32_LIMIT = 2**31
+#: The most programs a launch grid's second axis takes (CUDA's limit).
+MAX_GRID_Y = 65535
 #: Dimensions the kernels address: two row dimensions and the columns.
 MAX_DIMS = 3
 ACTIVATIONS = {front.SILU: 0, front.GELU_TANH: 1}
@@ -81,16 +85,21 @@ _GELU_D3 = tl.constexpr(-0.21406444881478182)
 
 # --------------------------------------------------------------------------- kernels
 @triton.jit
-def _tile(pid, rows, n1, cols, cblocks, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr, TWO_ROWS: tl.constexpr,
-          EVEN_C: tl.constexpr, ALIGNED: tl.constexpr, INT64: tl.constexpr):
-    """Rows ``(i0, i1)``, columns ``c`` and the ``[BLOCK_R, BLOCK_C]`` mask of program ``pid``.
+def _tile(rows, n1, cols, cblocks, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr, TWO_ROWS: tl.constexpr,
+          EVEN_C: tl.constexpr, ALIGNED: tl.constexpr, INT64: tl.constexpr, TWO_AXES: tl.constexpr):
+    """Rows ``(i0, i1)``, columns ``c`` and the ``[BLOCK_R, BLOCK_C]`` mask of this program: row block
+    ``program_id(0)`` and column block ``program_id(1)`` (``TWO_AXES``), else both from ``program_id(0)``.
 
     Masked rows address row 0, so no offset of theirs overflows.
     """
-    pid = _index(pid, INT64)
-    cblocks = _index(cblocks, INT64)
-    rb = pid // cblocks
-    cb = pid - rb * cblocks
+    if TWO_AXES:
+        rb = _index(tl.program_id(0), INT64)
+        cb = _index(tl.program_id(1), INT64)
+    else:
+        pid = _index(tl.program_id(0), INT64)
+        per_row = _index(cblocks, INT64)
+        rb = pid // per_row
+        cb = pid - rb * per_row
     r = rb * BLOCK_R + tl.arange(0, BLOCK_R)
     rmask = r < _index(rows, INT64)
     r = tl.where(rmask, r, 0)
@@ -158,10 +167,10 @@ def _glu_kernel(gate, up, out, rows: tl.int64, n1: tl.int64, cols: tl.int64, cbl
                 g0: tl.int64, g1: tl.int64, gc: tl.int64, u0: tl.int64, u1: tl.int64, uc: tl.int64,
                 o0: tl.int64, o1: tl.int64, oc: tl.int64,
                 ACT: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr, TWO_ROWS: tl.constexpr,
-                EVEN_C: tl.constexpr, UNIT: tl.constexpr, ALIGNED: tl.constexpr, INT64: tl.constexpr):
+                EVEN_C: tl.constexpr, UNIT: tl.constexpr, ALIGNED: tl.constexpr, INT64: tl.constexpr,
+                TWO_AXES: tl.constexpr):
     """``out = act(gate) * up`` over one ``[BLOCK_R, BLOCK_C]`` tile, fp32 math, one rounding."""
-    i0, i1, c, mask = _tile(tl.program_id(0), rows, n1, cols, cblocks, BLOCK_R, BLOCK_C, TWO_ROWS, EVEN_C, ALIGNED,
-                            INT64)
+    i0, i1, c, mask = _tile(rows, n1, cols, cblocks, BLOCK_R, BLOCK_C, TWO_ROWS, EVEN_C, ALIGNED, INT64, TWO_AXES)
     x = tl.load(gate + _offsets(i0, i1, c, g0, g1, gc, TWO_ROWS, UNIT, ALIGNED, INT64), mask=mask, other=0.0)
     u = tl.load(up + _offsets(i0, i1, c, u0, u1, uc, TWO_ROWS, UNIT, ALIGNED, INT64), mask=mask, other=0.0)
     y = _activation(x.to(tl.float32), ACT) * u.to(tl.float32)
@@ -175,10 +184,9 @@ def _glu_backward_kernel(dy, gate, up, dgate, dup, rows: tl.int64, n1: tl.int64,
                          u0: tl.int64, u1: tl.int64, uc: tl.int64, o0: tl.int64, o1: tl.int64, oc: tl.int64,
                          ACT: tl.constexpr, NEED_GATE: tl.constexpr, NEED_UP: tl.constexpr, BLOCK_R: tl.constexpr,
                          BLOCK_C: tl.constexpr, TWO_ROWS: tl.constexpr, EVEN_C: tl.constexpr, UNIT: tl.constexpr,
-                         ALIGNED: tl.constexpr, INT64: tl.constexpr):
+                         ALIGNED: tl.constexpr, INT64: tl.constexpr, TWO_AXES: tl.constexpr):
     """``dgate = dy * up * act'(gate)`` and ``dup = dy * act(gate)`` (those wanted) over one tile."""
-    i0, i1, c, mask = _tile(tl.program_id(0), rows, n1, cols, cblocks, BLOCK_R, BLOCK_C, TWO_ROWS, EVEN_C, ALIGNED,
-                            INT64)
+    i0, i1, c, mask = _tile(rows, n1, cols, cblocks, BLOCK_R, BLOCK_C, TWO_ROWS, EVEN_C, ALIGNED, INT64, TWO_AXES)
     g = tl.load(dy + _offsets(i0, i1, c, d0, d1, dc, TWO_ROWS, UNIT, ALIGNED, INT64), mask=mask, other=0.0)
     x = tl.load(gate + _offsets(i0, i1, c, g0, g1, gc, TWO_ROWS, UNIT, ALIGNED, INT64), mask=mask, other=0.0)
     g = g.to(tl.float32)
@@ -230,12 +238,29 @@ def plan_tile(rows: int, cols: int, multiprocessors: int | None, tile: int = TIL
     return block_r, block_c
 
 
-def _layout(shape: tuple[int, ...], strides: tuple[tuple[int, ...], ...]) -> tuple[tuple[int, ...], tuple] | None:
+def _rows_of_innermost(shape: tuple[int, ...], out_strides: tuple[int, ...], sizes: tuple[int, ...],
+                       collapsed: tuple[tuple[int, ...], ...], tile: int) -> tuple[tuple[int, ...], tuple]:
+    """Operands collapsed to one dimension, seen as rows of the output's innermost dimension where that dimension
+    takes a maskless column tile (:func:`_even_block`: every hidden size of the transformers configs we bench).
+    The tile then depends on that size alone, not on the number of rows: flat, a ``[2, n, 4864]`` call took one of
+    five tiles as the prompt length ``n`` changed, each a new kernel, so no plan served a length not seen before."""
+    dims = [d for d in range(len(shape)) if shape[d] > 1]
+    if len(sizes) != 1 or len(dims) < 2:
+        return sizes, collapsed
+    cols = shape[min(dims, key=lambda d: abs(out_strides[d]))]
+    if not _even_block(cols, tile):
+        return sizes, collapsed
+    return (sizes[0] // cols, cols), tuple((s[0] * cols, s[0]) for s in collapsed)
+
+
+def _layout(shape: tuple[int, ...], strides: tuple[tuple[int, ...], ...], tile: int,
+            ) -> tuple[tuple[int, ...], tuple] | None:
     """``((n0, n1, cols), per-operand (s0, s1, sc))`` of the operands collapsed jointly, the last one (the output
     or the gradients) deciding the order; ``None`` where more than :data:`MAX_DIMS` dimensions remain."""
     sizes, collapsed = collapse_dims(shape, strides[-1], *strides[:-1])
     if len(sizes) > MAX_DIMS:
         return None
+    sizes, collapsed = _rows_of_innermost(shape, strides[-1], sizes, collapsed, tile)
     pad = MAX_DIMS - len(sizes)
     collapsed = collapsed[1:] + collapsed[:1]  # back to the callers' order
     return (1,) * pad + sizes, tuple((0,) * pad + s for s in collapsed)
@@ -249,33 +274,34 @@ def prepare(shape: tuple[int, ...], strides: tuple[tuple[int, ...], ...], dtype:
     ``copy_dy``: the backward's ``dy`` does not collapse with the other operands; :func:`launch` copies it into
     the gradients' layout first (never for a ``dy`` laid out like the forward's output).
     """
-    layout = _layout(shape, strides)
+    policy = context.current().tuning("glu")
+    tile = int(policy.get("tile", TILE))
+    layout = _layout(shape, strides, tile)
     copy_dy = None
     if layout is None:
         if needs is None:
             raise Decline(f"strides {strides} of shape {shape} do not collapse to {MAX_DIMS} dimensions")
         copy_dy = strides[-1]
-        layout = _layout(shape, (strides[-1], *strides[1:]))
+        layout = _layout(shape, (strides[-1], *strides[1:]), tile)
     sizes, collapsed = layout
     n0, n1, cols = sizes
     rows = n0 * n1
-    policy = context.current().tuning("glu")
-    tile = int(policy.get("tile", TILE))
     block_r, block_c = plan_tile(rows, cols, _multiprocessors(device), tile)
     num_warps = int(policy.get("num_warps", max(1, min(MAX_WARPS, block_r * block_c // (32 * PER_THREAD)))))
+    cblocks = cdiv(cols, block_c)
     int64 = rows + block_r >= INT32_LIMIT or cols + block_c >= INT32_LIMIT or any(
         span(sizes, s) + block_c * abs(s[-1]) + 1 >= INT32_LIMIT for s in collapsed)
     flags = {
         "ACT": ACTIVATIONS[activation], "BLOCK_R": block_r, "BLOCK_C": block_c, "TWO_ROWS": n0 > 1,
         "EVEN_C": cols % block_c == 0, "UNIT": all(s[-1] == 1 for s in collapsed),
         "ALIGNED": cols % 16 == 0 and all(x % 16 == 0 for s in collapsed for x in s[:-1]), "INT64": int64,
+        "TWO_AXES": 1 < cblocks <= MAX_GRID_Y,
     }
     if needs is None:
         launcher = _launcher(_glu_kernel, num_warps, **flags)
     else:
         launcher = _launcher(_glu_backward_kernel, num_warps, NEED_GATE=needs[0], NEED_UP=needs[1], **flags)
-    cblocks = cdiv(cols, block_c)
-    grid = (cdiv(rows, block_r) * cblocks,)
+    grid = (cdiv(rows, block_r), cblocks) if flags["TWO_AXES"] else (cdiv(rows, block_r) * cblocks,)
     scalars = (rows, n1, cols, cblocks, *(x for s in collapsed for x in s))
     return launcher, grid, scalars, copy_dy
 
