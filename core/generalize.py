@@ -110,7 +110,10 @@ _SIZED = {
     plans.CudaStep: {"grid", "params", "ints"},
     plans.PythonStep: {"grid", "values", "slots"},
     plans.Replay: {"allocations", "steps", "returns"},
+    plans.AutogradPlan: {"forward"},  # the node (its backward op, arguments, saved slots) stays one
 }
+#: Plans a generic plan may generalise: a replay, or an autograd plan's forward under the same node.
+_GENERALISABLE = (plans.Replay, plans.AutogradPlan)
 
 
 def _is_int(value: Any) -> bool:
@@ -340,12 +343,14 @@ def _agree(points: Sequence[tuple[tuple[int, ...], Any]]) -> bool:
         _merge([p for _, p in points], True)
     except _Mismatch:
         return False
-    return all(type(p) is plans.Replay for _, p in points)
+    return all(type(p) in _GENERALISABLE for _, p in points)
 
 
-def generalize(points: Sequence[tuple[tuple[int, ...], plans.Replay]]) -> plans.GenericPlan | None:
-    """A generic plan from ``(atoms, replay)`` points of one layout class, or ``None``."""
-    if len(points) < MIN_POINTS or any(type(p) is not plans.Replay for _, p in points):
+def generalize(points: Sequence[tuple[tuple[int, ...], Any]]) -> plans.GenericPlan | None:
+    """A generic plan from ``(atoms, plan)`` points of one layout class (replays, or autograd plans whose
+    forwards differ in integers only), or ``None``."""
+    if len(points) < MIN_POINTS or type(points[0][1]) not in _GENERALISABLE or any(
+            type(p) is not type(points[0][1]) for _, p in points):
         return None
     if len({len(a) for a, _ in points}) != 1:
         return None
@@ -362,9 +367,11 @@ def generalize(points: Sequence[tuple[tuple[int, ...], plans.Replay]]) -> plans.
         return None
 
 
-def kernel_signature(plan: plans.Replay) -> tuple:
+def kernel_signature(plan: plans.Replay | plans.AutogradPlan) -> tuple:
     """What replays must share to generalise, cheaply: each step's kernel and its integers' specialisation
-    classes (:func:`~flaggems.toolkit.plans.int_class`)."""
+    classes (:func:`~flaggems.toolkit.plans.int_class`); an autograd plan's backward op and its forward's."""
+    if type(plan) is plans.AutogradPlan:
+        return ("autograd", plan.backward.name, kernel_signature(plan.forward))
     out: list[Any] = []
     for step in plan.steps:
         if type(step) is plans.CudaStep:
@@ -390,7 +397,7 @@ class Points:
         Points are kept per class and per :func:`kernel_signature`: replays that launched other kernels, or
         the same with an integer of another specialisation class (a numel that is a multiple of 16 one call
         in sixteen), never generalise together, and would push each other out of the kept points."""
-        if layout is None or type(plan) is not plans.Replay:
+        if layout is None or type(plan) not in _GENERALISABLE:
             return None
         key = (tuple(layout), kernel_signature(plan))
         if key not in self.classes and len(self.classes) >= CLASSES:

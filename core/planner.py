@@ -169,7 +169,8 @@ def build_planner(chain: Sequence[Any], native: Callable[..., Any], goes_native:
             if not served.replayable:
                 return result, PYTHON_PLAN
             if planned.notes:
-                return result, autograd_spec(recording, planned.notes, result)
+                plan = autograd_spec(recording, planned.notes, result)
+                return result, plan, points.add(layout, inputs, plan)
             plan = replay_spec(recording, result, graph_free=autograd_key)
             return result, plan, points.add(layout, inputs, plan)
         if recording.steps:

@@ -404,3 +404,61 @@ def test_rotary_of_a_new_length_is_served_by_a_generic_plan(compiled_for):
             torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-5)
     stats = [s for key, s in RUNTIME.plan_stats().items() if key.startswith("flaggems::rotary_embedding@")]
     assert sum(s["generic"] for s in stats) >= 3, stats
+
+
+def _generic_counts(op: str) -> dict[str, int]:
+    """Calls served by generic plans per entry of ``op``: its forward (an Autograd key) and its backward op."""
+    counts: dict[str, int] = {}
+    for key, s in RUNTIME.plan_stats().items():
+        if key.startswith(f"flaggems::{op}"):
+            counts[key.split("@")[0]] = counts.get(key.split("@")[0], 0) + s["generic"]
+    return counts
+
+
+#: Ten prompt lengths of one bucket: three plan the forward (through Python's autograd node), the next
+#: three plan the backward op (now reached through the replayed node), the rest are generic for both.
+LENGTHS = (237, 178, 226, 242, 182, 134, 199, 211, 157, 229)
+
+
+def test_a_training_call_of_a_new_length_is_served_by_generic_autograd_plans(compiled_for):
+    """``silu_mul`` of ``[2, L, 256]`` inputs that require grad: after three lengths, the forward's autograd plan
+    (the node and its forward's launches) and the backward op both come from generic plans, and the gradients
+    equal torch's. The backward used to take the output's strides as an ``int[]``: every length missed both."""
+    from flaggems.binding import native_scope
+
+    compiled_for(["flaggems::silu_mul"])
+    for length in LENGTHS:
+        gate, up = (torch.randn(2, length, 256, device=DEV, requires_grad=True) for _ in range(2))
+        dy = torch.randn(2, length, 256, device=DEV)
+        got = torch.autograd.grad(torch.ops.flaggems.silu_mul(gate, up), (gate, up), dy)
+        with native_scope():
+            want = torch.autograd.grad(torch.nn.functional.silu(gate) * up, (gate, up), dy)
+        for g, w in zip(got, want, strict=True):
+            torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-5)
+    assert _generic_counts("silu_mul") == {"flaggems::silu_mul": 7, "flaggems::silu_mul_backward": 4}
+
+
+def test_rotary_training_of_a_new_length_keeps_the_gradients_layouts(compiled_for):
+    """Rotary of transposed ``[2, L, H, 16]`` projections that require grad, as transformers calls it: the
+    backward lays ``dq``/``dk`` out as the forward's outputs from a size-free layout code, so one autograd plan
+    and one backward plan serve every length; values equal the reference's, and the projections' gradients
+    are laid out like them (the documented layout: a transposed ``q`` gets a transposed ``dq``)."""
+    from flaggems import ops
+    from flaggems.binding import native_scope
+
+    compiled_for(["flaggems::rotary_embedding"])
+    for length in LENGTHS:
+        q = torch.randn(2, length, 4, 16, device=DEV, requires_grad=True)
+        k = torch.randn(2, length, 2, 16, device=DEV, requires_grad=True)
+        cos, sin = torch.randn(2, length, 16, device=DEV), torch.randn(2, length, 16, device=DEV)
+        dq, dk = torch.randn(2, 4, length, 16, device=DEV), torch.randn(2, 2, length, 16, device=DEV)
+        outs = torch.ops.flaggems.rotary_embedding(q.transpose(1, 2), k.transpose(1, 2), cos, sin)
+        got = torch.autograd.grad(outs, (q, k), (dq, dk))
+        with native_scope():
+            want = torch.autograd.grad(ops.rotary_embedding(q.transpose(1, 2), k.transpose(1, 2), cos, sin),
+                                       (q, k), (dq, dk))
+        for g, w, x in zip(got, want, (q, k), strict=True):
+            torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-5)
+            assert g.stride() == x.stride()
+    assert _generic_counts("rotary_embedding") == {"flaggems::rotary_embedding": 7,
+                                                   "flaggems::rotary_embedding_backward": 4}

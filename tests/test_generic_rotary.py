@@ -185,6 +185,28 @@ def test_output_strides_are_the_references_on_random_layouts():
     assert served > 400
 
 
+def test_output_layout_codes_give_back_the_strides_they_describe():
+    """The backward's ``q_layout``/``k_layout``: over the random layouts above, each side's output strides
+    round-trip through their code; a dense output's code holds no size (the same code at another length)."""
+    from flaggems.toolkit import iterator_layout as il
+
+    rng = random.Random(1)
+    dense = 0
+    for _ in range(600):
+        q, cos, unsqueeze_dim, interleaved = _random_layout(rng)
+        try:
+            side = front.sides(q, q, cos, cos, unsqueeze_dim, interleaved)[0]
+        except flaggems.Decline:
+            continue
+        code = il.layout_code(side.shape, side.out_strides)
+        assert il.strides_of_code(side.shape, code) == tuple(side.out_strides)
+        dense += code[0] == il.DENSE_ORDER
+    assert dense > 300
+    shape = (2, 4, 237, 16)  # a transposed [2, L, 4, 16] projection's output: the same code at every L
+    assert il.layout_code(shape, (15168, 16, 64, 1)) == il.layout_code((2, 4, 178, 16), (11392, 16, 64, 1))
+    assert il.layout_code((2, 1, 3), (3, 7, 1)) == [il.RAW_STRIDES, 3, 7, 1]  # a size-1 dimension's own stride
+
+
 def test_transposed_decode_output_keeps_the_references_size_one_stride():
     """``[1, 1, 2, 64]`` k (one kv head): the reference returns (128, 128, 64, 1), not k's (128, 64, 64, 1)."""
     kp = torch.randn(1, 2, 64, device=DEV)

@@ -107,7 +107,7 @@ def differentiable_backward(activation: str) -> Callable[..., tuple[torch.Tensor
 
     reference = getattr(ops, OPS[activation])
 
-    def backward(grad: torch.Tensor | None, gate: torch.Tensor, up: torch.Tensor, out_strides: list[int],
+    def backward(grad: torch.Tensor | None, gate: torch.Tensor, up: torch.Tensor,
                  needs: list[bool]) -> tuple[torch.Tensor | None, ...]:
         """``(dgate, dup)``: the reference recomputed on the saved inputs and differentiated, recorded."""
         wanted = [t for t, need in zip((gate, up), needs, strict=True) if need]
@@ -158,29 +158,32 @@ def entry(prepare: Prepare, launch: Launch, activation: str, dtypes: frozenset[t
             plan = remember(forward_plans, key, Plan(out, prepared))
         return plan
 
-    def backward(grad: torch.Tensor | None, gate: torch.Tensor, up: torch.Tensor, out_strides: list[int],
+    def backward(grad: torch.Tensor | None, gate: torch.Tensor, up: torch.Tensor,
                  needs: list[bool]) -> tuple[torch.Tensor | None, torch.Tensor | None]:
-        """``(dgate, dup)`` in one launch, each only where ``needs`` asks (never declines)."""
+        """``(dgate, dup)`` in one launch, each only where ``needs`` asks (never declines), laid out as the
+        forward's output (:func:`output_strides` of the saved ``gate`` and ``up``)."""
         wanted = (bool(needs[0]), bool(needs[1]))
         if grad is None or not (wanted[0] or wanted[1]):
             return None, None
         if grad.is_neg():
             grad = grad.resolve_neg()
-        key = (grad.shape, grad.stride(), gate.stride(), up.stride(), tuple(out_strides), wanted, gate.dtype,
-               grad.dtype, gate.device)
-        prepared = backward_plans.get(key)
-        if prepared is None:
-            strides = (tuple(grad.stride()), tuple(gate.stride()), tuple(up.stride()), tuple(out_strides))
-            prepared = remember(backward_plans, key, prepare(tuple(gate.shape), strides, gate.dtype, activation,
-                                                             wanted, gate.device))
-        dgate = allocate(gate, tuple(out_strides)) if wanted[0] else None
-        dup = allocate(up, tuple(out_strides)) if wanted[1] else None
-        launch(prepared, grad, gate, up, dgate, dup)
+        key = (grad.shape, grad.stride(), gate.stride(), up.stride(), wanted, gate.dtype, grad.dtype, gate.device)
+        found = backward_plans.get(key)
+        if found is None:
+            shape = tuple(gate.shape)
+            out = output_strides(shape, tuple(gate.stride()), tuple(up.stride()))
+            strides = (tuple(grad.stride()), tuple(gate.stride()), tuple(up.stride()), out)
+            found = remember(backward_plans, key, Plan(out, prepare(shape, strides, gate.dtype, activation, wanted,
+                                                                    gate.device)))
+        dgate = allocate(gate, found.out_strides) if wanted[0] else None
+        dup = allocate(up, found.out_strides) if wanted[1] else None
+        launch(found.prepared, grad, gate, up, dgate, dup)
         return dgate, dup
 
+    # No sizes among the arguments (the layout comes from the saved inputs): one autograd node, and one
+    # backward layout class, serve every prompt length (with ``int[] out_strides`` every length missed both).
     derivative = autograd.Derivative(
-        f"{name}_backward",
-        "(Tensor grad, Tensor gate, Tensor up, int[] out_strides, bool[2] needs) -> (Tensor, Tensor)",
+        f"{name}_backward", "(Tensor grad, Tensor gate, Tensor up, bool[2] needs) -> (Tensor, Tensor)",
         backward, differentiable_backward(activation))
 
     def implementation(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
@@ -195,7 +198,7 @@ def entry(prepare: Prepare, launch: Launch, activation: str, dtypes: frozenset[t
         if not needs_grad(gate, up):
             return run()[0]
         return autograd.apply(derivative, run, outputs=1, differentiable=(gate, up),
-                              args=(autograd.Grad(0), gate, up, list(plan.out_strides), autograd.NEEDS))
+                              args=(autograd.Grad(0), gate, up, autograd.NEEDS))
 
     implementation.__name__ = OPS[activation]
     implementation.__doc__ = f"``{name}``: ``{activation}(gate) * up`` in one launch (see :mod:`{__name__}`)."

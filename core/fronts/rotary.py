@@ -36,6 +36,7 @@ interleaved, inverse)``, from metadata only, cached here per layout, and
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -44,7 +45,7 @@ import torch
 
 from .. import autograd
 from ..chain import Decline
-from ..toolkit.iterator_layout import contiguous_strides, iterator_strides
+from ..toolkit.iterator_layout import contiguous_strides, iterator_strides, layout_code, strides_of_code
 from ..toolkit.layout import remember
 from .group_norm import transformed
 
@@ -77,6 +78,11 @@ class Plan:
 
     sides: tuple[Side, ...]
     prepared: Any
+
+    @functools.cached_property
+    def layouts(self) -> tuple[list[int], ...]:
+        """Each side's output layout as a size-free code (the backward's ``q_layout``, ``k_layout``)."""
+        return tuple(layout_code(side.shape, side.out_strides) for side in self.sides)
 
 
 def _unsqueezed(cos: torch.Tensor, unsqueeze_dim: int) -> tuple[list[int], list[int]] | None:
@@ -211,8 +217,8 @@ def allocate(like: torch.Tensor, side: Side) -> torch.Tensor:
 
 
 def differentiable_backward(grad_q: torch.Tensor | None, grad_k: torch.Tensor | None, cos: torch.Tensor,
-                            sin: torch.Tensor, unsqueeze_dim: int, interleaved: bool, q_strides: list[int],
-                            k_strides: list[int], needs: list[bool]) -> tuple[torch.Tensor | None, ...]:
+                            sin: torch.Tensor, unsqueeze_dim: int, interleaved: bool, q_layout: list[int],
+                            k_layout: list[int], needs: list[bool]) -> tuple[torch.Tensor | None, ...]:
     """Under ``create_graph``: the reference's derivative, recorded (differentiable again).
 
     The rotation is linear, so its derivative does not read ``q``/``k``: the
@@ -267,28 +273,31 @@ def entry(prepare: Prepare, launch: Launch, dtypes: frozenset[torch.dtype] = DTY
         return plan
 
     def backward(grad_q: torch.Tensor | None, grad_k: torch.Tensor | None, cos: torch.Tensor, sin: torch.Tensor,
-                 unsqueeze_dim: int, interleaved: bool, q_strides: list[int], k_strides: list[int],
+                 unsqueeze_dim: int, interleaved: bool, q_layout: list[int], k_layout: list[int],
                  needs: list[bool]) -> tuple[torch.Tensor | None, torch.Tensor | None]:
-        """``(dq, dk)``: the inverse rotation of the incoming gradients, in one launch (never declines)."""
+        """``(dq, dk)``: the inverse rotation of the incoming gradients, in one launch (never declines), laid out
+        as the forward's outputs (``*_layout``: :func:`~flaggems.toolkit.iterator_layout.layout_code`)."""
         grads = tuple(g if need else None for g, need in zip((grad_q, grad_k), needs, strict=True))
         present = [g for g in grads if g is not None]
         if not present:
             return None, None
         key = (tuple((g.shape, g.stride(), g.dtype) if g is not None else None for g in grads), cos.shape,
-               cos.stride(), unsqueeze_dim, interleaved, tuple(q_strides), tuple(k_strides))
+               cos.stride(), unsqueeze_dim, interleaved, tuple(q_layout), tuple(k_layout))
         plan = backward_plans.get(key)
         if plan is None:
             plan = remember(backward_plans, key, _backward_plan(prepare, grads, cos, unsqueeze_dim, interleaved,
-                                                                (q_strides, k_strides)))
+                                                                (q_layout, k_layout)))
         outs = tuple(allocate(g, side) for g, side in zip(present, plan.sides, strict=True))
         launch(plan.prepared, tuple(present), cos, sin, outs)
         found = iter(outs)
         return tuple(None if g is None else next(found) for g in grads)
 
+    # The outputs' layouts travel as size-free codes (a dense order): one autograd node and one backward layout
+    # class serve every sequence length (with the strides themselves every length missed both).
     derivative = autograd.Derivative(
         f"{name}_backward",
         "(Tensor? grad_q, Tensor? grad_k, Tensor cos, Tensor sin, int unsqueeze_dim, bool interleaved, "
-        "int[] q_strides, int[] k_strides, bool[2] needs) -> (Tensor, Tensor)",
+        "int[] q_layout, int[] k_layout, bool[2] needs) -> (Tensor, Tensor)",
         backward, differentiable_backward)
 
     def rotary_embedding(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
@@ -306,21 +315,21 @@ def entry(prepare: Prepare, launch: Launch, dtypes: frozenset[torch.dtype] = DTY
             return run()
         return autograd.apply(derivative, run, outputs=2, differentiable=(q, k),
                               args=(autograd.Grad(0), autograd.Grad(1), cos, sin, unsqueeze_dim, interleaved,
-                                    list(plan.sides[0].out_strides), list(plan.sides[1].out_strides),
-                                    autograd.NEEDS))
+                                    plan.layouts[0], plan.layouts[1], autograd.NEEDS))
 
     return rotary_embedding
 
 
 def _backward_plan(prepare: Prepare, grads: tuple[torch.Tensor | None, ...], cos: torch.Tensor, unsqueeze_dim: int,
-                   interleaved: bool, out_strides: tuple[Sequence[int], Sequence[int]]) -> Plan:
-    """The backward's geometry: each gradient read where it is, written in its forward output's layout."""
+                   interleaved: bool, layouts: tuple[Sequence[int], Sequence[int]]) -> Plan:
+    """The backward's geometry: each gradient read where it is, written in its forward output's layout
+    (``layouts``: their codes)."""
     unsqueezed = _unsqueezed(cos, unsqueeze_dim)
     found = []
-    for g, strides in zip(grads, out_strides, strict=True):
+    for g, code in zip(grads, layouts, strict=True):
         if g is None:
             continue
         angles = angle_strides(g.shape, *unsqueezed)  # the forward checked that these broadcast
-        found.append(Side(tuple(g.shape), tuple(g.stride()), angles, tuple(strides)))
+        found.append(Side(tuple(g.shape), tuple(g.stride()), angles, strides_of_code(g.shape, code)))
     found = tuple(found)
     return Plan(found, prepare(found, grads[0].dtype if grads[0] is not None else grads[1].dtype, interleaved, True))

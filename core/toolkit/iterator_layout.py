@@ -109,3 +109,34 @@ def iterator_strides(shape: Sequence[int], operands: Sequence[tuple[Sequence[int
         out[d] = acc
         acc *= shape[d]
     return out
+
+
+#: :func:`layout_code`'s tags: strides dense in a dimension order, or the strides themselves.
+DENSE_ORDER, RAW_STRIDES = -1, -2
+
+
+def dense_strides(sizes: Sequence[int], order: Sequence[int]) -> list[int]:
+    """The strides of a dense tensor of ``sizes`` whose dimensions lie in ``order`` (innermost first), as
+    TensorIterator lays its outputs out (a size-1 dimension gets the stride of the next one outwards)."""
+    strides, acc = [0] * len(sizes), 1
+    for d in order:
+        strides[d] = acc
+        acc *= sizes[d]
+    return strides
+
+
+def layout_code(sizes: Sequence[int], strides: Sequence[int]) -> list[int]:
+    """``strides`` described without sizes where possible: ``[DENSE_ORDER, *order]`` when they are
+    :func:`dense_strides` of ``sizes`` in ``order``, else ``[RAW_STRIDES, *strides]``. A backward that lays its
+    gradients out like the forward's outputs takes the code: one argument for every sequence length."""
+    order = sorted(range(len(sizes)), key=lambda d: (strides[d], sizes[d] != 1, d))
+    if dense_strides(sizes, order) == list(strides):
+        return [DENSE_ORDER, *order]
+    return [RAW_STRIDES, *strides]
+
+
+def strides_of_code(sizes: Sequence[int], code: Sequence[int]) -> tuple[int, ...]:
+    """The strides :func:`layout_code` described, for ``sizes``."""
+    if code[0] == DENSE_ORDER:
+        return tuple(dense_strides(sizes, code[1:]))
+    return tuple(code[1:])

@@ -184,7 +184,8 @@ def int_class(value: int) -> int:
 
 
 class GenericPlan(NamedTuple):
-    """A :class:`Replay` whose size-dependent integers are :class:`Sym`, serving every call of one layout
+    """A :class:`Replay` (or an :class:`AutogradPlan`'s forward) whose size-dependent integers are
+    :class:`Sym`, serving every call of one layout
     class (the entry's class key) whose atoms pass the guards: ``pinned`` (atom, value) pairs that must be
     equal, ``ratios`` (atom, p, of, q): ``atoms[atom] * q == atoms[of] * p``, ``steady`` (sym, value):
     a step function of the atoms (``cdiv`` or floor division by a power of two) that equalled a plan
@@ -194,7 +195,7 @@ class GenericPlan(NamedTuple):
     maskless kernel for it)."""
 
     kind: str
-    plan: Replay
+    plan: Replay | AutogradPlan  # an autograd plan: its forward's integers may be Syms, the node's may not
     pinned: tuple[tuple[int, int], ...]
     ratios: tuple[tuple[int, int, int, int], ...]
     steady: tuple[tuple[Sym, int], ...] = ()
