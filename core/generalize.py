@@ -157,6 +157,12 @@ def _cdiv(n: int, d: int) -> int:
     return -(-n // d)
 
 
+def _simplest(f: tuple[int, int, int, int]) -> tuple[bool, bool, int]:
+    """The order among ``(atom, mul, add, div)`` expressions that give the same values: no division, no
+    constant, the first atom."""
+    return f[3] != 1, f[2] != 0, f[0]
+
+
 def _alignment(xs: Sequence[int]) -> int:
     """The largest power of two up to 16 dividing every value."""
     return next((k for k in (16, 8, 4, 2) if all(x % k == 0 for x in xs)), 1)
@@ -179,6 +185,7 @@ class _Atoms:
         self.scale: dict[int, Fraction] = {}  # atoms[a] / atoms[group[a]] at every point
         self.same: set[int] = set()
         self.aligned: dict[int, int] = {}  # representative atom -> what it must stay a multiple of
+        self.agree: dict[tuple[plans.Sym, plans.Sym], None] = {}  # expressions that must stay equal
         ratios = []
         for a in self.varying:
             for rep in dict.fromkeys(self.group.values()):
@@ -212,17 +219,29 @@ class _Atoms:
             if all(v >= 0 for v in values) and all(x >= 0 for x in xs):
                 found += [(a, 1, 0, d) for d in DIVISORS
                           if all(_cdiv(x, d) == v for x, v in zip(xs, values)) and any(_cdiv(x, d) > 1 for x in xs)]
-        if not found or len({self.group[a] for a, *_ in found}) != 1:
-            return None  # no expression, or two that may disagree on calls to come
         classes = {plans.int_class(v) for v in values} if guarded else {-1}
-        atom, mul, add, div = min(found, key=lambda f: (f[3] != 1, f[2] != 0, f[0]))
-        modulus = self._exact_modulus(atom, div) if div > 1 else 1
-        if len(classes) != 1 or not self._unambiguous(found, values, modulus):
+        if not found or len(classes) != 1:
             return None
-        if modulus > 1:
-            rep = self.group[atom]
-            self.aligned[rep] = math.lcm(self.aligned.get(rep, 1), modulus, self._step(rep))
-        return plans.sym(atom, mul, add, div, classes.pop())
+        cls = classes.pop()
+        by_group: dict[int, list[tuple[int, int, int, int]]] = {}
+        for f in found:
+            by_group.setdefault(self.group[f[0]], []).append(f)
+        chosen = []
+        for group_found in by_group.values():
+            atom, mul, add, div = min(group_found, key=_simplest)
+            modulus = self._exact_modulus(atom, div) if div > 1 else 1
+            if not self._unambiguous(group_found, values, modulus):
+                return None  # two expressions of one group that differ at sizes of the class
+            chosen.append(((atom, mul, add, div), modulus))
+        for (atom, _, _, _), modulus in chosen:
+            if modulus > 1:
+                rep = self.group[atom]
+                self.aligned[rep] = math.lcm(self.aligned.get(rep, 1), modulus, self._step(rep))
+        best = plans.sym(*min((f for f, _ in chosen), key=_simplest), cls)
+        for f, _ in chosen:  # groups that vary independently: a call where they disagree plans again
+            if f != best[1:5]:
+                self.agree[(best._replace(cls=-1), plans.sym(*f, -1))] = None
+        return best
 
     def _exact_modulus(self, atom: int, div: int) -> int:
         """For ``cdiv(atom, div)`` exact at every point: what the group's representative must stay a multiple of
@@ -362,7 +381,7 @@ def generalize(points: Sequence[tuple[tuple[int, ...], Any]]) -> plans.GenericPl
         steady: dict[tuple[plans.Sym, int], None] = {}
         plan = _resolve(template, found, steady)
         return plans.GenericPlan("generic", plan, found.pinned, found.ratios, tuple(steady),
-                                 tuple(sorted(found.aligned.items())))
+                                 tuple(sorted(found.aligned.items())), tuple(found.agree))
     except _Mismatch:
         return None
 
@@ -425,7 +444,8 @@ def admits(generic: plans.GenericPlan, atoms_: Sequence[int]) -> bool:
     return (all(atoms_[a] == v for a, v in generic.pinned)
             and all(atoms_[a] * q == atoms_[of] * p for a, p, of, q in generic.ratios)
             and all(evaluate(s, atoms_) == v for s, v in generic.steady)
-            and all(atoms_[a] % m == 0 for a, m in generic.aligned))
+            and all(atoms_[a] % m == 0 for a, m in generic.aligned)
+            and all(evaluate(x, atoms_) == evaluate(y, atoms_) for x, y in generic.agree))
 
 
 def instantiate(template: Any, atoms_: Sequence[int]) -> Any:

@@ -57,6 +57,19 @@ def test_one_generic_plan_serves_many_sizes():
     assert stats["typed_replay"] == len(sizes) - 3  # served unboxed: copy_'s typed entry binds the generic plan
 
 
+def test_rows_of_a_padded_buffer_are_served_while_length_and_stride_agree():
+    """``labels[..., 1:].contiguous()`` of ``[2, n + 1]`` rows (a training step's shifted labels): the length n
+    and the source's row stride n + 1 vary independently in the class, and (the interpreter's tiles) a grid of
+    ``cdiv(2n, 128)`` blocks is also ``cdiv(n + 1, 64)`` at the points. The plan takes one and guards that both agree (they used to
+    refuse a plan: every step missed); n = 192 (where they differ) plans again. Every copy equals its source."""
+    for n in (163, 227, 221, 200, 250, 192, 171, 239):
+        src = torch.arange(2 * (n + 1), device=DEV).reshape(2, n + 1)[:, 1:]
+        dst = torch.full((2, n), -1, device=DEV)
+        dst.copy_(src)
+        assert torch.equal(dst, src), n
+    assert _stats("copy_")["generic"] >= (3 if DEV == "cpu" else 1)  # a GPU's tiles depend on its sizes too
+
+
 def test_a_replayed_size_hits_its_exact_plan_after_the_generic_one_made_it():
     for n in [100, 120, 99, 101, 101, 101]:
         _copy(n)
@@ -229,11 +242,18 @@ def test_an_unspecialised_argument_of_any_class_generalises():
     assert generalize.admits(made, generalize.atoms([torch.empty(1280)]))
 
 
-def test_two_groups_that_both_explain_a_value_are_ambiguous():
-    first = (generalize.atoms([torch.empty(10), torch.empty(20)]), _replay(1, 10))
-    second = (generalize.atoms([torch.empty(12), torch.empty(22)]), _replay(1, 12))
-    third = (generalize.atoms([torch.empty(15), torch.empty(25)]), _replay(1, 15))  # also the second minus 10
-    assert generalize.generalize([first, second, third]) is None
+def test_two_groups_that_both_explain_a_value_must_stay_equal():
+    """A value that is the first input's size and the second's minus 10 at every point (sizes that vary
+    independently, like a row length and its padded stride): the plan takes the first and guards that both
+    stay equal; a call where they differ plans again."""
+    def point(a: int, b: int):
+        return generalize.atoms([torch.empty(a), torch.empty(b)]), _replay(1, a)
+
+    made = generalize.generalize([point(10, 20), point(12, 22), point(15, 25)])
+    assert made is not None and made.plan.steps[0].ints[0].atom == 0
+    assert made.agree == ((plans.sym(0, 1, 0, 1, -1), plans.sym(4, 1, -10, 1, -1)),)
+    assert generalize.admits(made, generalize.atoms([torch.empty(14), torch.empty(24)]))
+    assert not generalize.admits(made, generalize.atoms([torch.empty(14), torch.empty(25)]))
 
 
 def test_a_grid_of_rows_times_blocks_is_not_taken_for_one_division():

@@ -12,7 +12,7 @@ FIELDS = {
     "Pointer": ("kind", "source", "index", "offset"),
     "CudaStep": ("kind", "function", "grid", "threads", "shared", "pdl", "cooperative", "params", "ints"),
     "Sym": ("kind", "atom", "mul", "add", "div", "cls"),
-    "GenericPlan": ("kind", "plan", "pinned", "ratios", "steady", "aligned"),
+    "GenericPlan": ("kind", "plan", "pinned", "ratios", "steady", "aligned", "agree"),
     "PythonStep": ("kind", "launcher", "grid", "values", "slots"),
     "Replay": ("kind", "allocations", "steps", "returns"),
     "PinnedReplay": ("kind", "allocations", "steps", "returns", "pinned", "stream"),

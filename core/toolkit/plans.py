@@ -192,7 +192,9 @@ class GenericPlan(NamedTuple):
     integer at every point and must keep that value (the integer may be that function: a grid of
     ``cdiv(numel, 1024)`` is 11 for every numel in (10240, 11264]), ``aligned`` (atom, m): ``atoms[atom]``
     must be a multiple of ``m`` (a division exact at every point stays exact: a launcher may have chosen a
-    maskless kernel for it)."""
+    maskless kernel for it), ``agree`` (sym, sym): expressions of atoms that vary independently which both
+    gave a plan integer at every point (a row length ``n`` and its padded stride ``n + 1``): they must stay
+    equal, so whichever the launcher computed from, the plan's value is its value."""
 
     kind: str
     plan: Replay | AutogradPlan  # an autograd plan: its forward's integers may be Syms, the node's may not
@@ -200,3 +202,4 @@ class GenericPlan(NamedTuple):
     ratios: tuple[tuple[int, int, int, int], ...]
     steady: tuple[tuple[Sym, int], ...] = ()
     aligned: tuple[tuple[int, int], ...] = ()
+    agree: tuple[tuple[Sym, Sym], ...] = ()
