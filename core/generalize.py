@@ -99,9 +99,8 @@ class _Mismatch(Exception):
     """The replays differ in something other than an integer a generic plan may compute."""
 
 
-#: Fields of a compiled launch whose integers Triton specialises on (1, multiples of 16, 32-bit): ``ints``, the
-#: arguments that pick the kernel (a ``param`` is one of them, or a ``do_not_specialize`` one of any class).
-_SPECIALISED = {plans.CudaStep: {"ints"}}
+#: Fields of a compiled launch whose integers Triton specialises on (1, multiples of 16, 32-bit).
+_SPECIALISED = {plans.CudaStep: {"params", "ints"}}
 #: Fields of each record whose integers may differ between points (the rest must be equal).
 _SIZED = {
     plans.Allocation: {"sizes", "strides"},
@@ -396,9 +395,7 @@ def kernel_signature(plan: plans.Replay | plans.AutogradPlan) -> tuple:
         if type(step) is plans.CudaStep:
             out.append((step.function, tuple(plans.int_class(v) for v in step.ints)))
         elif type(step) is plans.PythonStep:
-            picks = getattr(step.launcher, "specialised", None) or (True,) * len(step.values)
-            out.append((id(step.launcher), tuple(plans.int_class(v) for v, pick in zip(step.values, picks, strict=True)
-                                                 if pick and _is_int(v))))
+            out.append((id(step.launcher), tuple(plans.int_class(v) for v in step.values if _is_int(v))))
         else:
             out.append(type(step).__name__)
     return tuple(out)

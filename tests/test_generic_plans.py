@@ -60,8 +60,9 @@ def test_one_generic_plan_serves_many_sizes():
 def test_rows_of_a_padded_buffer_are_served_while_length_and_stride_agree():
     """``labels[..., 1:].contiguous()`` of ``[2, n + 1]`` rows (a training step's shifted labels): the length n
     and the source's row stride n + 1 vary independently in the class, and (the interpreter's tiles) a grid of
-    ``cdiv(2n, 128)`` blocks is also ``cdiv(n + 1, 64)`` at the points. The plan takes one and guards that both agree (they used to
-    refuse a plan: every step missed); n = 192 (where they differ) plans again. Every copy equals its source."""
+    ``cdiv(2n, 128)`` blocks is also ``cdiv(n + 1, 64)`` at the points. The plan takes one and guards that
+    both agree (they used to refuse a plan: every step missed); n = 192 (where they differ) plans again.
+    Every copy equals its source."""
     for n in (163, 227, 221, 200, 250, 192, 171, 239):
         src = torch.arange(2 * (n + 1), device=DEV).reshape(2, n + 1)[:, 1:]
         dst = torch.full((2, n), -1, device=DEV)
@@ -196,17 +197,15 @@ def test_the_entry_computes_the_same_atoms_as_python():
 
 # -- the generaliser alone -----------------------------------------------------------------------------------
 
-def _replay(*ints: int, function: int = 1, picks: bool = True) -> plans.Replay:
-    """One launch of ``ints[0]`` programs taking ``ints[1]``: an argument that picks the kernel (``picks``: in
-    the step's ``ints``) or an annotated ``do_not_specialize`` one (only a parameter)."""
+def _replay(*ints: int, function: int = 1) -> plans.Replay:
     step = plans.CudaStep("cuda", function, (ints[0], 1, 1), 128, 0, False, False,
-                          (plans.pointer(plans.INPUT, 0, 0), plans.const(4, ints[1])), (ints[1],) if picks else ())
+                          (plans.pointer(plans.INPUT, 0, 0), plans.const(4, ints[1])), (ints[1],))
     return plans.Replay("replay", (plans.Allocation((ints[1],), (1,), torch.float32),), (step,),
                         (plans.TensorRef(plans.ALLOCATION, 0, True, (), (), 0),))
 
 
-def _point(n: int, *ints: int, function: int = 1, picks: bool = True):
-    return generalize.atoms([torch.empty(n)]), _replay(*ints, function=function, picks=picks)
+def _point(n: int, *ints: int, function: int = 1):
+    return generalize.atoms([torch.empty(n)]), _replay(*ints, function=function)
 
 
 def test_grid_and_sizes_become_expressions_of_the_atoms():
@@ -214,8 +213,7 @@ def test_grid_and_sizes_become_expressions_of_the_atoms():
     assert made is not None
     step = made.plan.steps[0]
     assert step.grid[0] == plans.sym(0, 1, 0, 256, -1)  # cdiv(n, 256); a grid is not specialised on
-    assert step.params[1].bits == plans.sym(0, 1, 0, 1, -1)  # placed; its class is guarded once, in ints
-    assert step.ints[0] == plans.sym(0, 1, 0, 1, plans.int_class(1000))
+    assert step.params[1].bits.atom == 0 and step.params[1].bits.cls == plans.int_class(1000)
     assert made.plan.allocations[0].sizes[0].cls == -1  # no kernel receives it: no class guard
 
 
@@ -231,15 +229,6 @@ def test_a_value_no_atom_explains_does_not_generalise():
 def test_a_kernel_argument_changing_class_does_not_generalise():
     assert generalize.generalize([_point(1000, 4, 1000), _point(1500, 6, 1500),
                                   _point(1024, 4, 1024)]) is None  # 1024 % 16 == 0
-
-
-def test_an_unspecialised_argument_of_any_class_generalises():
-    """An annotated ``do_not_specialize`` integer (not in the step's ``ints``) does not pick the kernel: points
-    of another class of it share a plan, which serves both classes."""
-    made = generalize.generalize([_point(1000, 4, 1000, picks=False), _point(1100, 5, 1100, picks=False),
-                                  _point(1024, 4, 1024, picks=False)])
-    assert made is not None and made.plan.steps[0].params[1].bits.cls == -1
-    assert generalize.admits(made, generalize.atoms([torch.empty(1280)]))
 
 
 def test_two_groups_that_both_explain_a_value_must_stay_equal():
@@ -343,7 +332,7 @@ def test_points_of_another_specialisation_class_gather_on_their_own():
     for n in (1001, 1003, 1008, 1005, 1007, 1024, 1009, 1011, 1040):
         g = points.add(layout, [torch.empty(n)], _replay(generalize._cdiv(n, 256), n))
         if g is not None:
-            made.append(g.plan.steps[0].ints[0].cls)
+            made.append(g.plan.steps[0].params[1].bits.cls)
     assert plans.int_class(1024) in made and plans.int_class(1001) in made
 
 

@@ -124,21 +124,18 @@ def _current_device() -> int:
 class _SignatureParam:
     """The parts of Triton's ``KernelParam`` needed here, for interpreted functions."""
 
-    def __init__(self, param: inspect.Parameter, unspecialised: Sequence[str]) -> None:
+    def __init__(self, param: inspect.Parameter) -> None:
         self.name = param.name
         self.is_constexpr = "constexpr" in str(param.annotation)
         self.has_default = param.default is not inspect.Parameter.empty
         self.default = param.default
-        self.do_not_specialize = param.name in unspecialised
-        self.typed = not self.is_constexpr and param.annotation is not inspect.Parameter.empty
 
 
 def _params_of(fn: Any) -> list[Any]:
     params = getattr(fn, "params", None)
     if params is not None:
         return list(params)
-    unspecialised = (getattr(fn, "kwargs", None) or {}).get("do_not_specialize") or ()
-    return [_SignatureParam(p, unspecialised) for p in inspect.signature(fn.fn).parameters.values()]
+    return [_SignatureParam(p) for p in inspect.signature(fn.fn).parameters.values()]
 
 
 def _param_plan(fn: Any, constexprs: Mapping[str, Any]) -> tuple[list[Any], list[Any]]:
@@ -170,14 +167,6 @@ class _Fixed:
 
     def __init__(self, value: Any) -> None:
         self.value = value
-
-
-def _picks_kernel(param: Any) -> bool:
-    """Whether an integer passed for ``param`` is part of the kernel's specialisation (:func:`_key_terms`)."""
-    typed = getattr(param, "typed", None)
-    if typed is None:  # Triton's KernelParam
-        typed = bool(getattr(param, "annotation_type", ""))
-    return not (getattr(param, "do_not_specialize", False) and typed)
 
 
 def _key_terms(name: str, param: Any, value: Any, first_tensor: bool = False) -> list[str] | None:
@@ -300,10 +289,6 @@ class FastLauncher:
         self.mode, self.reason = select_mode(fn)
         self.form = ""
         self._runtime_params, self._slots = _param_plan(fn, self.constexprs)
-        #: Per runtime argument: whether an integer there picks the compiled kernel (Triton specialises it, or
-        #: an unannotated one's 32-bit class types it). An annotated ``do_not_specialize`` integer does not, so a
-        #: generic plan need not guard its class (a rotary plan of 14 misses in 40 new lengths had 8 without it).
-        self.specialised = tuple(_picks_kernel(param) for param in self._runtime_params)
         self._call: Callable[..., None] | None = None
         self._bound: dict[tuple, RawLaunch] = {}
         self._current: Callable[[], int] = _current_device

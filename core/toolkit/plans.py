@@ -88,9 +88,9 @@ NULL_ARG = ("null",)
 
 class CudaStep(NamedTuple):
     """A compiled kernel launched through the CUDA driver: ``params`` are :class:`Pointer`, :class:`Const`
-    or :data:`NULL_ARG`, in the kernel's parameter order; ``ints`` the launch's integer runtime arguments that
-    pick the compiled kernel (not an annotated ``do_not_specialize`` one), those Triton specialised away (a 1)
-    included (the entry does not read them; a generic plan guards their specialisation classes)."""
+    or :data:`NULL_ARG`, in the kernel's parameter order; ``ints`` the launch's integer runtime arguments,
+    those Triton specialised away (a 1) included (the entry does not read them; a generic plan guards
+    their specialisation classes)."""
 
     kind: str
     function: int

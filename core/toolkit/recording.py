@@ -165,8 +165,7 @@ class Recording:
         grid3 = (tuple(grid) + (1, 1))[:3]
         if grid3[0] * grid3[1] * grid3[2] == 0:
             return  # Triton launches nothing for an empty grid
-        picks = getattr(launcher, "specialised", None)
-        step = _cuda_step(self, kernel, grid3, full_args, args, picks) if kernel is not None else None
+        step = _cuda_step(self, kernel, grid3, full_args, args) if kernel is not None else None
         if step is None:
             step = self._python_step(launcher, tuple(grid), args)
         if step is not None:
@@ -220,12 +219,9 @@ def _constant(kind: str, value: Any) -> tuple | None:
     return const(size, int(value))
 
 
-def _cuda_step(rec: Recording, kernel: Any, grid: tuple, full_args: Sequence[Any], args: Sequence[Any],
-               picks: Sequence[bool] | None = None) -> tuple | None:
-    """A ``cuda`` step for a compiled NVIDIA kernel, or ``None`` where only the ``python`` form is sure.
-
-    Its ``ints`` are the integer arguments that pick the compiled kernel (``picks``: per argument, the
-    launcher's ``specialised``; every one where not given): a generic plan guards their classes."""
+def _cuda_step(rec: Recording, kernel: Any, grid: tuple, full_args: Sequence[Any],
+               args: Sequence[Any]) -> tuple | None:
+    """A ``cuda`` step for a compiled NVIDIA kernel, or ``None`` where only the ``python`` form is sure."""
     metadata = getattr(kernel, "metadata", None)
     function = getattr(kernel, "function", None)
     signature = _signature(kernel)
@@ -257,8 +253,7 @@ def _cuda_step(rec: Recording, kernel: Any, grid: tuple, full_args: Sequence[Any
     return CudaStep("cuda", int(function), grid, 32 * int(metadata.num_warps), int(metadata.shared),
                     bool(getattr(metadata, "launch_pdl", False)),
                     bool(getattr(metadata, "launch_cooperative_grid", False)), tuple(params),
-                    tuple(a for i, a in enumerate(args)
-                          if isinstance(a, int) and not isinstance(a, bool) and (picks is None or picks[i])))
+                    tuple(a for a in args if isinstance(a, int) and not isinstance(a, bool)))
 
 
 def current() -> Recording | None:
