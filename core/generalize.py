@@ -100,7 +100,10 @@ class _Mismatch(Exception):
 
 
 #: Fields of a compiled launch whose integers Triton specialises on (1, multiples of 16, 32-bit).
-_SPECIALISED = {plans.CudaStep: {"params", "ints"}}
+#: A launch through its Python launcher keeps the classes of its integer arguments too: Triton would specialise
+#: anew, but the launcher's own choices may rest on them (glu's ``ALIGNED`` hint for ``cols % 16 == 0``: a plan
+#: fitted on multiples of 16 dropped the last elements of ``silu_mul`` of 4170 elements on the CPU).
+_SPECIALISED = {plans.CudaStep: {"params", "ints"}, plans.PythonStep: {"values"}}
 #: Fields of each record whose integers may differ between points (the rest must be equal).
 _SIZED = {
     plans.Allocation: {"sizes", "strides"},
