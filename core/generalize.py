@@ -21,7 +21,8 @@ a :class:`~flaggems.toolkit.plans.GenericPlan`:
   blocks), must be one function on sampled sizes around them;
 * guards: every atom equal at all points is pinned to its value, every atom
   proportional to another at all points keeps that ratio, every computed
-  integer keeps the class Triton specialises it on (1, a multiple of 16, 32-bit),
+  integer a kernel receives keeps the properties of Triton's specialisation
+  classes (1, a multiple of 16, 32-bit) that it had at every point,
   and a division exact at every point stays exact (``aligned``: a launcher picks
   its maskless variant where its block divides the size: ``silu_mul``'s plan
   fitted on three even sizes wrote 256 elements past an odd size's output, CPU
@@ -36,7 +37,9 @@ conformance kit checks by replaying many sizes of one class.
 
 from __future__ import annotations
 
+import functools
 import math
+import operator
 import random
 from collections.abc import Sequence
 from fractions import Fraction
@@ -100,9 +103,9 @@ class _Mismatch(Exception):
 
 
 #: Fields of a compiled launch whose integers Triton specialises on (1, multiples of 16, 32-bit).
-#: A launch through its Python launcher keeps the classes of its integer arguments too: Triton would specialise
-#: anew, but the launcher's own choices may rest on them (glu's ``ALIGNED`` hint for ``cols % 16 == 0``: a plan
-#: fitted on multiples of 16 dropped the last elements of ``silu_mul`` of 4170 elements on the CPU).
+#: A launch through its Python launcher guards its integer arguments too: Triton would specialise anew, but
+#: the launcher's own choices may rest on them (glu's ``ALIGNED`` hint for ``cols % 16 == 0``: a plan fitted
+#: on multiples of 16 dropped the last elements of ``silu_mul`` of 4170 elements on the CPU).
 _SPECIALISED = {plans.CudaStep: {"params", "ints"}, plans.PythonStep: {"values"}}
 #: Fields of each record whose integers may differ between points (the rest must be equal).
 _SIZED = {
@@ -212,8 +215,10 @@ class _Atoms:
         return ratio
 
     def fit(self, values: tuple[int, ...], guarded: bool) -> plans.Sym | None:
-        """The one expression of the atoms giving ``values`` at every point, or ``None``; ``guarded``: the
-        values must share a specialisation class, which the plan keeps (else its class is -1: any)."""
+        """The one expression of the atoms giving ``values`` at every point, or ``None``; ``guarded`` (a kernel
+        receives it): the plan requires the class properties every value had (:func:`plans.int_class` bits:
+        equal to 1, a multiple of 16, 32-bit), which Triton or the launcher may have compiled or chosen for
+        (glu's ``ALIGNED`` hint); a property not every point had was not relied on (else -1: any)."""
         found = []
         for a in self.varying:
             xs = [p[a] for p in self.points]
@@ -221,10 +226,9 @@ class _Atoms:
             if all(v >= 0 for v in values) and all(x >= 0 for x in xs):
                 found += [(a, 1, 0, d) for d in DIVISORS
                           if all(_cdiv(x, d) == v for x, v in zip(xs, values)) and any(_cdiv(x, d) > 1 for x in xs)]
-        classes = {plans.int_class(v) for v in values} if guarded else {-1}
-        if not found or len(classes) != 1:
+        if not found:
             return None
-        cls = classes.pop()
+        cls = functools.reduce(operator.and_, (plans.int_class(v) for v in values)) if guarded else -1
         by_group: dict[int, list[tuple[int, int, int, int]]] = {}
         for f in found:
             by_group.setdefault(self.group[f[0]], []).append(f)
@@ -389,16 +393,18 @@ def generalize(points: Sequence[tuple[tuple[int, ...], Any]]) -> plans.GenericPl
 
 
 def kernel_signature(plan: plans.Replay | plans.AutogradPlan) -> tuple:
-    """What replays must share to generalise, cheaply: each step's kernel and its integers' specialisation
-    classes (:func:`~flaggems.toolkit.plans.int_class`); an autograd plan's backward op and its forward's."""
+    """What replays must share to generalise, cheaply: each step's kernel (a compiled function: Triton's
+    specialisation of it; or the Python launcher, whose constexprs hold the launcher's own choices); an
+    autograd plan's backward op and its forward's. Integers of other classes may share a kernel: the plan
+    then requires only what held at every point (:meth:`_Atoms.fit`)."""
     if type(plan) is plans.AutogradPlan:
         return ("autograd", plan.backward.name, kernel_signature(plan.forward))
     out: list[Any] = []
     for step in plan.steps:
         if type(step) is plans.CudaStep:
-            out.append((step.function, tuple(plans.int_class(v) for v in step.ints)))
+            out.append(step.function)
         elif type(step) is plans.PythonStep:
-            out.append((id(step.launcher), tuple(plans.int_class(v) for v in step.values if _is_int(v))))
+            out.append(id(step.launcher))
         else:
             out.append(type(step).__name__)
     return tuple(out)
@@ -413,9 +419,8 @@ class Points:
     def add(self, layout: Sequence[int] | None, inputs: Sequence[torch.Tensor], plan: Any) -> Any:
         """Note a replay of class ``layout``; return a generic plan when one generalises the points.
 
-        Points are kept per class and per :func:`kernel_signature`: replays that launched other kernels, or
-        the same with an integer of another specialisation class (a numel that is a multiple of 16 one call
-        in sixteen), never generalise together, and would push each other out of the kept points."""
+        Points are kept per class and per :func:`kernel_signature`: replays that launched other kernels never
+        generalise together, and would push each other out of the kept points."""
         if layout is None or type(plan) not in _GENERALISABLE:
             return None
         key = (tuple(layout), kernel_signature(plan))

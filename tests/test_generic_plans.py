@@ -226,9 +226,23 @@ def test_a_value_no_atom_explains_does_not_generalise():
     assert generalize.generalize([_point(1000, 4, 1000), _point(1500, 6, 1500), _point(1800, 8, 1801)]) is None
 
 
-def test_a_kernel_argument_changing_class_does_not_generalise():
-    assert generalize.generalize([_point(1000, 4, 1000), _point(1500, 6, 1500),
-                                  _point(1024, 4, 1024)]) is None  # 1024 % 16 == 0
+def _admits_n(made: plans.GenericPlan, n: int) -> bool:
+    """``admits`` and the entry's check of the kernel argument's class properties, for ``torch.empty(n)``."""
+    bits = made.plan.steps[0].params[1].bits
+    required = bits.cls
+    return generalize.admits(made, generalize.atoms([torch.empty(n)])) and (
+        plans.int_class(n) & required) == required
+
+
+def test_a_kernel_argument_keeps_the_class_properties_every_point_had():
+    """Points that were all multiples of 16 (a kernel compiled or chosen for that) serve multiples of 16 only;
+    points of which some were not make a plan that does not rely on it, and serves both."""
+    aligned = generalize.generalize([_point(1008, 4, 1008), _point(1120, 5, 1120), _point(1296, 6, 1296)])
+    assert aligned is not None and aligned.plan.steps[0].params[1].bits.cls == plans.int_class(1024)
+    assert _admits_n(aligned, 1040) and not _admits_n(aligned, 1041)
+    mixed = generalize.generalize([_point(1000, 4, 1000), _point(1100, 5, 1100), _point(1024, 4, 1024)])
+    assert mixed is not None and mixed.plan.steps[0].params[1].bits.cls == plans.int_class(1001)
+    assert _admits_n(mixed, 1040) and _admits_n(mixed, 1041)
 
 
 def test_two_groups_that_both_explain_a_value_must_stay_equal():
@@ -323,17 +337,18 @@ def test_copies_across_a_grid_step_inside_one_bucket():
     assert stats["generic"] > 0
 
 
-def test_points_of_another_specialisation_class_gather_on_their_own():
-    """One size in sixteen is a multiple of 16 (another Triton specialisation of the kernel's ``n``): its
-    points are kept apart from the others', so both classes get a generic plan."""
+def test_points_of_another_kernel_gather_on_their_own():
+    """A multiple of 16 compiles another Triton specialisation of the kernel (another function): those points
+    are kept apart from the others', so both kernels get a generic plan, the specialised one for multiples of
+    16 only."""
     points = generalize.Points()
     layout = (1, 2, 3)
-    made = []
+    made = {}
     for n in (1001, 1003, 1008, 1005, 1007, 1024, 1009, 1011, 1040):
-        g = points.add(layout, [torch.empty(n)], _replay(generalize._cdiv(n, 256), n))
+        g = points.add(layout, [torch.empty(n)], _replay(generalize._cdiv(n, 256), n, function=1 + (n % 16 == 0)))
         if g is not None:
-            made.append(g.plan.steps[0].params[1].bits.cls)
-    assert plans.int_class(1024) in made and plans.int_class(1001) in made
+            made[g.plan.steps[0].function] = g.plan.steps[0].params[1].bits.cls
+    assert made == {1: plans.int_class(1001), 2: plans.int_class(1024)}
 
 
 def test_plans_survive_disable_and_enable_with_the_same_routes():

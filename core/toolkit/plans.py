@@ -161,9 +161,9 @@ class AutogradPlan(NamedTuple):
 
 class Sym(NamedTuple):
     """An integer of a generic plan computed from the call: ``cdiv(atoms[atom] * mul + add, div)``
-    (``atom`` -1: the constant ``add``); ``cls`` the Triton specialisation class it must keep
-    (:func:`int_class`; -1: any, for integers no compiled kernel receives), checked before the plan
-    serves a call."""
+    (``atom`` -1: the constant ``add``); ``cls`` the :func:`int_class` properties it must have (bits that
+    held at every point the plan was fitted on: a kernel compiled or chosen for them; -1: none, for integers
+    no kernel receives), checked before the plan serves a call."""
 
     kind: str
     atom: int
