@@ -104,11 +104,7 @@ def iterator_strides(shape: Sequence[int], operands: Sequence[tuple[Sequence[int
                 d1 = d0
             elif comparison < 0:
                 break
-    out, acc = [0] * ndim, 1
-    for d in perm:
-        out[d] = acc
-        acc *= shape[d]
-    return out
+    return dense_strides(shape, perm)
 
 
 #: :func:`layout_code`'s tags: strides dense in a dimension order, or the strides themselves.
