@@ -12,11 +12,13 @@ import sys
 from collections import defaultdict
 
 LINE = re.compile(r"^  (\S+)\s+(\S+)\s+(\S+)\s+passed\s+(\d+)\s+declined\s+(\d+)\s+failed\s+(\d+)\s+\(([\d.]+) s CPU")
+#: The passed cases whose gradients were compared too (a fused op's inputs that require grad).
+GRADIENTS = re.compile(r", (\d+) with gradients")
 
 
 def totals(paths: list[str]) -> dict[tuple[str, str, str], list[float]]:
-    """``(op, implementation, entry) -> [passed, declined, failed, cpu seconds, processes]``."""
-    sums: dict[tuple[str, str, str], list[float]] = defaultdict(lambda: [0, 0, 0, 0.0, 0])
+    """``(op, implementation, entry) -> [passed, declined, failed, cpu seconds, processes, with gradients]``."""
+    sums: dict[tuple[str, str, str], list[float]] = defaultdict(lambda: [0, 0, 0, 0.0, 0, 0])
     for path in paths:
         with open(path, errors="replace") as f:
             for line in f:
@@ -26,6 +28,8 @@ def totals(paths: list[str]) -> dict[tuple[str, str, str], list[float]]:
                     for i, value in enumerate((int(m.group(4)), int(m.group(5)), int(m.group(6)), float(m.group(7)))):
                         row[i] += value
                     row[4] += 1
+                    grads = GRADIENTS.search(line)
+                    row[5] += int(grads.group(1)) if grads else 0
     return dict(sums)
 
 
@@ -33,10 +37,11 @@ def main(paths: list[str]) -> int:
     """Print the table; exit 1 if any case failed."""
     rows = totals(paths)
     print(f"{'op':32} {'impl':10} {'entry':9} {'passed':>7} {'declined':>8} {'failed':>6} {'cases':>7} "
-          f"{'CPU s':>7} procs")
-    for (op, impl, entry), (passed, declined, failed, cpu, procs) in sorted(rows.items()):
+          f"{'CPU s':>7} procs {'grads':>6}")
+    for (op, impl, entry), (passed, declined, failed, cpu, procs, grads) in sorted(rows.items()):
         cases = passed + declined + failed
-        print(f"{op:32} {impl:10} {entry:9} {passed:7d} {declined:8d} {failed:6d} {cases:7d} {cpu:7.0f} {procs:5d}")
+        print(f"{op:32} {impl:10} {entry:9} {passed:7d} {declined:8d} {failed:6d} {cases:7d} {cpu:7.0f} {procs:5d} "
+              f"{grads:6d}")
     return 1 if any(row[2] for row in rows.values()) else 0
 
 

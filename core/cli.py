@@ -127,6 +127,7 @@ KIT_ENTRIES = {"both": ("compiled", "python"), "compiled": ("compiled",), "pytho
 def _print_tally(tally: Any) -> None:
     notes = "".join(f"\n    note: {note}" for note in tally.notes)
     generic = f", {tally.generic} calls from generic plans" if tally.generic else ""
+    generic += f", {tally.gradients} with gradients" if tally.gradients else ""
     print(f"  {tally.op:<30} {tally.impl:<12} {tally.mode:<9} passed {tally.passed:>5}  declined "
           f"{tally.declined:>5}  failed {tally.failed:>5}  ({tally.cpu_s:.1f} s CPU{generic}){notes}", flush=True)
     for text in tally.failures[:1]:  # printed as they come: a run stopped by a time limit keeps them

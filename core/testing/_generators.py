@@ -33,6 +33,8 @@ from ._inputs import ALL_COPY_DTYPES, FLOATS, nonneg_values, values
 SIZES = (0, 1, 1, 2, 3, 4, 5, 7)
 #: The largest tensor a generator builds (Triton's interpreter is slow).
 MAX_NUMEL = 2048
+#: Share of ``group_norm`` cases whose tensors require grad (the fused ops' share is their own module's).
+GRAD_SHARE = 0.1
 I64, I32 = torch.int64, torch.int32
 
 
@@ -312,8 +314,14 @@ def gen_group_norm(rng: random.Random, dev: torch.device) -> Gen:
     x = randn(dims, dtype, dev, shift=rng.choice((0.0, 0.0, 2.0)))
     w, b = affine(rng, dims[1], param, dev)
     eps = rng.choice((1e-5, 1e-5, 1e-3, 0.5))
+    kind = str(dtype)
+    if rng.random() < GRAD_SHARE:  # the autograd path: flaggems' node forward, the kit runs its backward
+        for t in (x, w, b):
+            if t is not None and rng.random() < 0.8:
+                t.requires_grad_()
+        kind += " grad"
     return Gen((x, groups, w, b, eps, True), ulps=FORWARD_ULPS[dtype], check_strides=dev.type == "cpu",
-               kind=str(dtype))
+               kind=kind)
 
 
 def gen_native_group_norm(rng: random.Random, dev: torch.device) -> Gen:

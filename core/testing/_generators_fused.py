@@ -22,7 +22,7 @@ What every generator draws:
 * the optional arguments (a weight or not, its dtype and stride, ``eps``,
   ``weight_offset``/``cast_first``, ``unsqueeze_dim``, ``interleaved``), some
   passed by keyword;
-* inputs that require grad (the forward of the autograd path);
+* inputs that require grad (the autograd path, forward and backward);
 * calls the kernels cannot take (hidden stride != 1, empty inputs, odd head
   dimensions, rows that do not collapse, promoting or broadcasting operands)
   and calls the reference rejects: those are left to the op, which declines
@@ -30,8 +30,9 @@ What every generator draws:
 
 The ops have no separate backward operators in the contract: their backwards
 are :class:`flaggems.autograd.Derivative` records reached through autograd
-only, which the kit cannot route; a case that requires grad runs the forward
-that records them.
+only. A case that requires grad runs the forward that records them, and the
+kit then runs the backward through the dispatcher (planned on the first call,
+replayed on the second) and compares the gradients with the reference's.
 
 Tolerances are those of the registered cases (:mod:`flaggems.testing.cases`),
 whose docstrings give their derivation and measurements.

@@ -20,7 +20,9 @@ enabled for that op alone, routed to that implementation alone
 (``FLAGGEMS_OP_<op>=<label>`` and ``enable(include=[op])``) under that entry,
 called twice with one layout and two sets of values (the first call plans, the
 second replays). Native results are computed inside
-:func:`flaggems.binding.native_scope`.
+:func:`flaggems.binding.native_scope`. Where torch's result requires grad, both
+sides then run their backward with the same incoming gradients and the leaves'
+gradients are compared too (the dispatcher modes: what autograd reaches).
 
 Run it with ``flaggems kit`` or :func:`run_kit`; ``FLAGGEMS_KIT_CASES`` sets the
 number of cases per op and implementation.
@@ -464,6 +466,119 @@ def _no_farther(actual: Any, expected: Any, truth: Any, ulps: float) -> bool:
     return not bool(bad.any())
 
 
+# -- gradients -------------------------------------------------------------------------------------------------
+
+#: Added to a call's values seed for the incoming gradients its backward is called with.
+GRAD_SEED = 7919
+#: bfloat16 gradients' tolerance under Triton's interpreter, whose casts to bfloat16 truncate: a backward
+#: rounds several times a term (the reference's roundings, repeated), and a weight's gradient sums those
+#: terms over rows, so truncation's errors add up (an rms_norm weight gradient of 176 rows: 1.2 ulps from
+#: float64 where torch is 0.4, on the GPU's round-to-nearest ours is the closer). Gross errors still fail;
+#: devices compare at the case's tolerance.
+INTERPRETED_BF16_GRAD_ULPS = 2**5
+
+
+def compare_gradients(op: str, actual: Outcome, expected: Outcome, act: Prepared, exp: Prepared,
+                      dev: torch.device, values_seed: int) -> bool:
+    """Where torch's result requires grad, run both sides' backward with the same random incoming gradients
+    and compare the gradients of every leaf that requires grad (values, shape, dtype; not strides: autograd
+    lays out what it accumulates), or the backward's error types. A result of ours that does not require
+    grad there is a lost derivative. Gradients outside the case's tolerance pass where no farther from
+    float64 than torch's (:func:`_no_farther`), as forward values do. ``True`` where gradients were
+    compared."""
+    from ..binding import native_scope
+    from . import _interpreted
+
+    outs = _differentiable(expected.result)
+    if expected.error is not None or not outs or (dev.type == "cpu" and torch_cpu_backward_crashes(op, exp)):
+        return False
+    ours = _differentiable(actual.result)
+    if len(ours) != len(outs):
+        raise AssertionError(f"{len(ours)} outputs require grad, torch's {len(outs)}: a lost derivative")
+    torch.manual_seed(values_seed + GRAD_SEED)
+    incoming = [torch.randn_like(o) for o in outs]
+    with native_scope():
+        want = _backward(outs, _grad_leaves(exp.built), incoming)
+    got = _backward(ours, _grad_leaves(act.built), [g.clone() for g in incoming])
+    what = "the backward"
+    if want.error is not None or got.error is not None:
+        compare(op, got, want, act, exp, dev, served=False)
+        return True
+    case = dataclasses.replace(exp.case, check_strides=False)
+    if _interpreted() and any(isinstance(g, torch.Tensor) and g.dtype == torch.bfloat16 for g in want.result):
+        case = dataclasses.replace(case, ulps=max(case.ulps, INTERPRETED_BF16_GRAD_ULPS))
+    try:
+        assert_same(list(got.result), list(want.result), case, f"{what}: gradients of the inputs")
+    except AssertionError as exc:
+        truth = _exact_gradients(op, exp, incoming)
+        if "not close" not in str(exc) or truth is None or not _no_farther(got.result, want.result, truth,
+                                                                              case.ulps):
+            raise
+    return True
+
+
+def torch_cpu_backward_crashes(op: str, prep: Prepared) -> bool:
+    """Whether torch's CPU backward would crash (a segmentation fault, torch 2.13) for this case:
+    ``native_group_norm_backward`` of a channels_last input whose own gradient is not needed (only the
+    weight's or the bias's), reached by ``group_norm``'s composite: by the native side, and by ours where the
+    routed op alone declines to that composite (with flaggems enabled for every op, flaggems' kernel would
+    serve that backward: it does not crash). The float32 ``[2, 4, 2, 4]`` channels_last input with weight and
+    bias requiring grad crashes; the same with the input's gradient too, or contiguous, does not."""
+    if op not in ("group_norm", "flaggems::group_norm_silu") or not prep.built.args:
+        return False
+    from torch._prims_common import suggest_memory_format
+
+    x = prep.built.args[0]
+    return (isinstance(x, torch.Tensor) and x.dim() == 4 and not x.requires_grad
+            and suggest_memory_format(x) == torch.channels_last)
+
+
+def _differentiable(result: Any) -> list[torch.Tensor]:
+    items = result if isinstance(result, (tuple, list)) else (result,)
+    return [t for t in items if isinstance(t, torch.Tensor) and t.requires_grad]
+
+
+def _grad_leaves(built: Built) -> list[torch.Tensor]:
+    """The leaves that require grad among the call's arguments, each once, in argument order."""
+    seen: dict[int, torch.Tensor] = {}
+    for t in (*built.args, *built.kwargs.values()):
+        if isinstance(t, torch.Tensor) and t.requires_grad and t.is_leaf:
+            seen.setdefault(id(t), t)
+    return list(seen.values())
+
+
+def _backward(outs: list[torch.Tensor], leaves: list[torch.Tensor], incoming: list[torch.Tensor]) -> Outcome:
+    try:
+        return Outcome(torch.autograd.grad(outs, leaves, incoming, allow_unused=True))
+    except Exception as exc:  # noqa: BLE001 - the error type is part of the contract
+        return Outcome(error=exc)
+
+
+def _exact_gradients(op: str, exp: Prepared, incoming: list[torch.Tensor]) -> tuple | None:
+    """The gradients torch's kernel computes on float64 copies of the inputs (``None`` where it cannot)."""
+    from ..binding import _overload, native_scope
+
+    wide: dict[int, torch.Tensor] = {}
+
+    def widen(v: Any) -> Any:
+        if not isinstance(v, torch.Tensor) or not v.dtype.is_floating_point:
+            return v
+        if id(v) not in wide:
+            w = v.detach().double()
+            wide[id(v)] = w.requires_grad_() if v.requires_grad and v.is_leaf else w
+        return wide[id(v)]
+
+    args = tuple(widen(a) for a in exp.built.args)
+    kwargs = {k: widen(v) for k, v in exp.built.kwargs.items()}
+    leaves = [wide[id(t)] for t in _grad_leaves(exp.built)]
+    try:
+        with native_scope():
+            outs = _differentiable(_overload(op)(*args, **kwargs))
+            return torch.autograd.grad(outs, leaves, [g.double() for g in incoming], allow_unused=True)
+    except Exception:  # noqa: BLE001 - no float64 kernel: no judge
+        return None
+
+
 def device_assert_declined(prep: Prepared, dev: torch.device) -> str | None:
     """On a device where torch asserts, a bad-index case needs flaggems' synchronous checks."""
     if DEVICE_ASSERT not in prep.case.tags or dev.type == "cpu":
@@ -526,11 +641,14 @@ def check_dispatched(target: Target, rc: RandomCase, dev: torch.device) -> str:
         served = gate(act.built.args, act.built.kwargs) is None and _torch_served(rc.op) == fallbacks
         try:
             compare(rc.op, actual, expected, act, exp, dev, served)
+            differentiated = compare_gradients(rc.op, actual, expected, act, exp, dev, values_seed)
         except AssertionError as exc:
             call = "first (plans)" if values_seed == rc.seed else "second (replays)"
             raise AssertionError(f"{call} call: {exc}") from exc
     after = sum(count for (op, _, _), count in binding.DECLINES.items() if op == rc.op)
-    return "declined: the chain declined it to native (compared anyway)" if after > before else "passed"
+    if after > before:
+        return "declined: the chain declined it to native (compared anyway)"
+    return "passed with gradients" if differentiated else "passed"
 
 
 def _torch_served(op: str) -> int:
@@ -609,6 +727,8 @@ class Tally:
     cpu_s: float = 0.0
     #: Compiled entry: the op's calls served by a generic plan at a size no plan was made for.
     generic: int = 0
+    #: Passed cases whose gradients were compared too (torch's result required grad).
+    gradients: int = 0
 
     @property
     def total(self) -> int:
@@ -687,6 +807,7 @@ def _count(tally: Tally, target: Target, rc: RandomCase, mode: str, seed: int, d
         tally.declined += 1
     else:
         tally.passed += 1
+        tally.gradients += outcome.endswith("gradients")
 
 
 def run_kit(cases: int | None = None, ops: list[str] | None = None, seed: int = 0, modes: tuple[str, ...] = MODES,
