@@ -523,14 +523,15 @@ def torch_cpu_backward_crashes(op: str, prep: Prepared) -> bool:
     weight's or the bias's), reached by ``group_norm``'s composite: by the native side, and by ours where the
     routed op alone declines to that composite (with flaggems enabled for every op, flaggems' kernel would
     serve that backward: it does not crash). The float32 ``[2, 4, 2, 4]`` channels_last input with weight and
-    bias requiring grad crashes; the same with the input's gradient too, or contiguous, does not."""
+    bias requiring grad crashes (channels_last_3d too); the same with the input's gradient too, or
+    contiguous, does not."""
     if op not in ("group_norm", "flaggems::group_norm_silu") or not prep.built.args:
         return False
     from torch._prims_common import suggest_memory_format
 
     x = prep.built.args[0]
-    return (isinstance(x, torch.Tensor) and x.dim() == 4 and not x.requires_grad
-            and suggest_memory_format(x) == torch.channels_last)
+    return (isinstance(x, torch.Tensor) and x.dim() in (4, 5) and not x.requires_grad
+            and suggest_memory_format(x) != torch.contiguous_format)
 
 
 def _differentiable(result: Any) -> list[torch.Tensor]:
