@@ -72,3 +72,55 @@ def test_generated_cases_agree_with_the_reference(op, generated_only):
     failed = sum(tally.failed for tally in tallies)
     assert not failed, f"{op}: {failed} generated cases differ from the reference:\n" + "\n\n".join(failures)
     assert sum(tally.passed for tally in tallies) > 0, f"{op}: every generated case was declined"
+
+
+# --------------------------------------------------------------------------- gradients
+class _Doubled(torch.autograd.Function):
+    """``x * w`` whose backward returns twice the weight's gradient: a wrong derivative the kit must catch."""
+
+    @staticmethod
+    def forward(ctx, x, w):
+        ctx.save_for_backward(x, w)
+        return x * w
+
+    @staticmethod
+    def backward(ctx, grad):
+        x, w = ctx.saved_tensors
+        return grad * w, 2 * (grad * x).sum(0)
+
+
+def _sides(ours):
+    """The kit's two prepared sides of ``x * w`` (``x`` [3, 4], ``w`` [4], both requiring grad) and the outcomes:
+    torch's product, and ``ours(x, w)``."""
+    from flaggems.testing import Case
+    from flaggems.testing._layouts import Built
+
+    def side():
+        torch.manual_seed(0)
+        x, w = torch.randn(3, 4).requires_grad_(), torch.randn(4).requires_grad_()
+        return kit.Prepared(Built((x, w), {}), Case("product", lambda dev: None, ulps=2), "product")
+
+    exp, act = side(), side()
+    return kit.Outcome(exp.built.args[0] * exp.built.args[1]), kit.Outcome(ours(*act.built.args)), act, exp
+
+
+def test_the_kit_compares_gradients_where_torchs_result_requires_grad():
+    dev = torch.device("cpu")
+    expected, actual, act, exp = _sides(lambda x, w: x * w)
+    assert kit.compare_gradients("mul.Tensor", actual, expected, act, exp, dev, 0)
+
+    expected, actual, act, exp = _sides(_Doubled.apply)
+    with pytest.raises(AssertionError, match="gradients of the inputs"):
+        kit.compare_gradients("mul.Tensor", actual, expected, act, exp, dev, 0)
+
+    expected, actual, act, exp = _sides(lambda x, w: (x * w).detach())
+    with pytest.raises(AssertionError, match="lost derivative"):
+        kit.compare_gradients("mul.Tensor", actual, expected, act, exp, dev, 0)
+
+
+def test_grad_cases_reach_the_backward_in_the_compiled_entry(generated_only):
+    """``silu_mul``'s generated stream has cases that require grad: their backward runs (planned, then
+    replayed) and the gradients are compared with the reference's."""
+    tallies = kit.run_kit(60, ["flaggems::silu_mul"], SEED, modes=("compiled",))
+    assert tallies and not any(t.failed for t in tallies), [t.failures for t in tallies]
+    assert sum(t.gradients for t in tallies) > 0
