@@ -35,6 +35,7 @@ ULP = {torch.float16: 2.0**-10, torch.bfloat16: 2.0**-7, torch.float32: 2.0**-23
 
 
 _CASES: dict[str, list[Case]] = {}
+_FLOAT64: dict[str, Callable[..., Any]] = {}
 _LOADED = False
 
 
@@ -74,6 +75,23 @@ def _load_plugin_cases() -> None:
                 raise TypeError(f"plugin {plugin!r}: flaggems_conformance_cases gave {type(bad[0]).__name__} "
                                 f"for {op}, expected flaggems.testing.Case")
             register_cases(op, cases)
+
+
+def register_float64_reference(op: str, reference: Callable[..., Any]) -> None:
+    """The function the kit's float64 judge runs for ``op`` (same arguments as the op) where the op's own
+    kernel does not compute float64 in float64: ``flaggems::rms_norm``'s reference casts to float32, as
+    transformers' module does, so on float64 copies it would judge against a float32 result."""
+    from ..policy import normalize_op
+
+    _FLOAT64[normalize_op(op)] = reference
+
+
+def float64_reference(op: str) -> Callable[..., Any] | None:
+    """The registered float64 reference of ``op`` (``None``: the op itself on float64 copies)."""
+    from ..policy import normalize_op
+
+    _load_case_modules()
+    return _FLOAT64.get(normalize_op(op))
 
 
 def cases_for(op: str) -> list[Case]:

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import torch
 
-from .. import Case, register_cases
+from .. import Case, register_cases, register_float64_reference
 
 F32, F16, BF16, F64 = torch.float32, torch.float16, torch.bfloat16, torch.float64
 ULPS = {F32: 4, F16: 2, BF16: 2, F64: 4}
@@ -166,5 +166,22 @@ def _add_only() -> list[Case]:
     ]
 
 
+def exact(input: torch.Tensor, weight: torch.Tensor | None, eps: float, weight_offset: float = 0.0,
+          cast_first: bool = True) -> torch.Tensor:
+    """The reference's formula in the inputs' own dtype (the kit's float64 judge: the reference itself
+    casts to float32 as transformers does)."""
+    normed = input * torch.rsqrt(input.pow(2).mean(-1, keepdim=True) + eps)
+    return normed if weight is None else normed * (weight + weight_offset)
+
+
+def exact_add(input: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor | None, eps: float,
+              weight_offset: float = 0.0, cast_first: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`exact` of the sum, and the sum."""
+    total = input + residual
+    return exact(total, weight, eps, weight_offset, cast_first), total
+
+
+register_float64_reference(RMS, exact)
+register_float64_reference(ADD, exact_add)
 register_cases(RMS, [*_shared(False), *_errors(False)])
 register_cases(ADD, [*_shared(True), *_errors(True), *_add_only()])
