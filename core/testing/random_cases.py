@@ -491,9 +491,8 @@ def compare_gradients(op: str, actual: Outcome, expected: Outcome, act: Prepared
     """Where torch's result requires grad, run both sides' backward with the same random incoming gradients
     and compare the gradients of every leaf that requires grad (values, shape, dtype; not strides: autograd
     lays out what it accumulates), or the backward's error types. A result of ours that does not require
-    grad there is a lost derivative. Gradients outside the case's tolerance pass where no farther from
-    float64 than torch's (:func:`_no_farther`), as forward values do. ``True`` where gradients were
-    compared."""
+    grad there is a lost derivative. Gradients outside the case's tolerance are judged against float64
+    (:func:`_gradients_no_farther`). ``True`` where gradients were compared."""
     from ..binding import native_scope
     from . import _interpreted
 
@@ -508,7 +507,6 @@ def compare_gradients(op: str, actual: Outcome, expected: Outcome, act: Prepared
     with native_scope():
         want = _backward(outs, _grad_leaves(exp.built), incoming)
     got = _backward(ours, _grad_leaves(act.built), [g.clone() for g in incoming])
-    what = "the backward"
     if want.error is not None or got.error is not None:
         compare(op, got, want, act, exp, dev, served=False)
         return True
@@ -518,7 +516,7 @@ def compare_gradients(op: str, actual: Outcome, expected: Outcome, act: Prepared
     for i, (a, e) in enumerate(zip(got.result, want.result)):
         case = dataclasses.replace(exp.case, check_strides=False, ulps=_gradient_ulps(exp.case.ulps, e, truncated))
         try:
-            assert_same(a, e, case, f"{what}: gradient of differentiable input {i}")
+            assert_same(a, e, case, f"the backward: gradient of differentiable input {i}")
         except AssertionError as exc:
             truth = truth if truth is not None else _exact_gradients(op, exp, incoming)
             if "not close" not in str(exc) or truth is None or not _gradients_no_farther((a,), (e,), (truth[i],),
