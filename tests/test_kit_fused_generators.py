@@ -124,3 +124,14 @@ def test_grad_cases_reach_the_backward_in_the_compiled_entry(generated_only):
     tallies = kit.run_kit(60, ["flaggems::silu_mul"], SEED, modes=("compiled",))
     assert tallies and not any(t.failed for t in tallies), [t.failures for t in tallies]
     assert sum(t.gradients for t in tallies) > 0
+
+
+def test_the_norm_wise_gradient_judge_still_rejects_a_wrong_sum():
+    """A weight gradient summing 24,150 products, as measured (ours 20.02286, torch 20.02288, float64
+    20.02289: ours the farther, by rounding) passes; a sum off by 0.1% (one product of 24,150 lost) fails."""
+    truth = torch.tensor([20.02289], dtype=torch.float64)
+    torch_answer = torch.tensor([20.02288])
+    assert kit._gradients_no_farther((torch.tensor([20.02286]),), (torch_answer,), (truth,), 4, 24150)
+    assert not kit._gradients_no_farther((torch.tensor([20.04289]),), (torch_answer,), (truth,), 4, 24150)
+    nan = torch.tensor([float("nan")])
+    assert not kit._gradients_no_farther((nan,), (torch_answer,), (truth,), 4, 24150)

@@ -33,8 +33,6 @@ from ._inputs import ALL_COPY_DTYPES, FLOATS, nonneg_values, values
 SIZES = (0, 1, 1, 2, 3, 4, 5, 7)
 #: The largest tensor a generator builds (Triton's interpreter is slow).
 MAX_NUMEL = 2048
-#: Share of ``group_norm`` cases whose tensors require grad (the fused ops' share is their own module's).
-GRAD_SHARE = 0.1
 I64, I32 = torch.int64, torch.int32
 
 
@@ -306,7 +304,9 @@ def norm_dtypes(rng: random.Random, dev: torch.device) -> tuple[torch.dtype, tor
 
 
 def gen_group_norm(rng: random.Random, dev: torch.device) -> Gen:
-    """``group_norm(input, num_groups, weight, bias, eps, cudnn_enabled)`` (forward values)."""
+    """``group_norm(input, num_groups, weight, bias, eps, cudnn_enabled)`` (forward values; with inputs that
+    require grad, the kit compares gradients too)."""
+    from ._generators_fused import GRAD_SHARE
     from .cases.group_norm import FORWARD_ULPS
 
     dims, groups = norm_shape(rng)
@@ -315,7 +315,7 @@ def gen_group_norm(rng: random.Random, dev: torch.device) -> Gen:
     w, b = affine(rng, dims[1], param, dev)
     eps = rng.choice((1e-5, 1e-5, 1e-3, 0.5))
     kind = str(dtype)
-    if rng.random() < GRAD_SHARE:  # the autograd path: flaggems' node forward, the kit runs its backward
+    if rng.random() < GRAD_SHARE:  # now and then a frozen input: only the weight's and bias's gradients
         for t in (x, w, b):
             if t is not None and rng.random() < 0.8:
                 t.requires_grad_()

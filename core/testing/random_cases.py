@@ -439,9 +439,7 @@ def closer_than_torch(op: str, actual: Any, expected: Any, exp: Prepared, dev: t
         return False
     from ..binding import native_scope
 
-    def wide(v: Any) -> Any:
-        return v.double() if isinstance(v, torch.Tensor) and v.dtype.is_floating_point else v
-
+    wide = _widener()
     args, kwargs = native_inputs(op, exp, dev)
     try:
         with native_scope():
@@ -449,6 +447,22 @@ def closer_than_torch(op: str, actual: Any, expected: Any, exp: Prepared, dev: t
     except Exception:  # noqa: BLE001 - no float64 kernel: no judge
         return False
     return _no_farther(actual, expected, truth, exp.case.ulps)
+
+
+def _widener() -> Callable[[Any], Any]:
+    """A function giving each floating tensor's float64 copy (a leaf that requires grad where the tensor was
+    one; one copy per tensor, so arguments that share a tensor still do), other values as they are."""
+    made: dict[int, torch.Tensor] = {}
+
+    def wide(v: Any) -> Any:
+        if not isinstance(v, torch.Tensor) or not v.dtype.is_floating_point:
+            return v
+        if id(v) not in made:
+            w = v.detach().double()
+            made[id(v)] = w.requires_grad_() if v.requires_grad and v.is_leaf else w
+        return made[id(v)]
+
+    return wide
 
 
 def _float64_call(op: str) -> Callable[..., Any]:
@@ -617,19 +631,10 @@ def _exact_gradients(op: str, exp: Prepared, incoming: list[torch.Tensor]) -> tu
     """The gradients torch's kernel computes on float64 copies of the inputs (``None`` where it cannot)."""
     from ..binding import native_scope
 
-    wide: dict[int, torch.Tensor] = {}
-
-    def widen(v: Any) -> Any:
-        if not isinstance(v, torch.Tensor) or not v.dtype.is_floating_point:
-            return v
-        if id(v) not in wide:
-            w = v.detach().double()
-            wide[id(v)] = w.requires_grad_() if v.requires_grad and v.is_leaf else w
-        return wide[id(v)]
-
-    args = tuple(widen(a) for a in exp.built.args)
-    kwargs = {k: widen(v) for k, v in exp.built.kwargs.items()}
-    leaves = [wide[id(t)] for t in _grad_leaves(exp.built)]
+    wide = _widener()
+    args = tuple(wide(a) for a in exp.built.args)
+    kwargs = {k: wide(v) for k, v in exp.built.kwargs.items()}
+    leaves = [wide(t) for t in _grad_leaves(exp.built)]
     try:
         with native_scope():
             outs = _differentiable(_float64_call(op)(*args, **kwargs))
