@@ -30,9 +30,14 @@ its blocks):
 The attention blocks' GroupNorm is followed by a projection, not an
 activation: nothing there to fuse with it.
 
-Modules are recognised by class name and checked by structure (attributes,
-the activation, the ``forward``'s source for the layer); anything else is
-left alone and the report says why. The operators fall back to their torch
+Modules are recognised by class name (the tables below), or by form: a
+class whose code reads as one of the reference classes of the installed
+transformers (Llama's RMSNorm, MLP and decoder layer, Gemma's RMSNorm, Llama's
+``apply_rotary_pos_emb``), comments, docstrings and its own name aside, is
+that form (Mixtral, Phi-3's norms, Granite, DeepSeek-V3, Qwen2-MoE, OLMoE,
+SmolLM3, Gemma 2/3 and a hundred more in transformers 5.x). Each is checked
+by structure (attributes, the activation, the ``forward``'s source for the
+layer); anything else is left alone and the report says why. The operators fall back to their torch
 references wherever flaggems is disabled or declines (CPU, float64, an
 unsupported layout), so a patched model runs everywhere; ``state_dict()``
 keys and values are untouched, and :func:`unpatch` restores every
@@ -41,9 +46,14 @@ keys and values are untouched, and :func:`unpatch` restores every
 
 from __future__ import annotations
 
+import functools
+import importlib
 import inspect
+import io
 import sys
+import textwrap
 import threading
+import tokenize
 import weakref
 from collections import Counter
 from collections.abc import Callable
@@ -91,6 +101,16 @@ _LAYER_SOURCE_HAS = ("residual = hidden_states", "self.input_layernorm(hidden_st
                      "hidden_states = residual + hidden_states", "self.post_attention_layernorm(hidden_states)",
                      "self.mlp(hidden_states)", "return hidden_states")
 _LAYER_SOURCE_LACKS = ("outputs", "feedforward_layernorm", "dropout")
+#: The reference classes of each form, by transformers modeling module: (module, class, kind, norm rounding).
+_REFERENCES = (
+    ("transformers.models.llama.modeling_llama", "LlamaRMSNorm", "norm", _LLAMA_NORM),
+    ("transformers.models.gemma.modeling_gemma", "GemmaRMSNorm", "norm", _GEMMA_NORM),
+    ("transformers.models.llama.modeling_llama", "LlamaMLP", "mlp", None),
+    ("transformers.models.llama.modeling_llama", "LlamaDecoderLayer", "layer", None),
+    ("transformers.models.mixtral.modeling_mixtral", "MixtralDecoderLayer", "layer", None),  # Llama's, no use_cache
+)
+#: Class name endings of the kinds a transformers model names so: one not recognised is reported as skipped.
+_KIND_SUFFIXES = {"RMSNorm": "norm", "MLP": "mlp", "DecoderLayer": "layer"}
 #: diffusers' ResNet blocks of the pre-norm form: GroupNorm, SiLU, conv, twice (checked against their source).
 RESNETS = frozenset({"ResnetBlock2D"})
 #: What a ResnetBlock2D's ``forward`` must say (whitespace folded) for the patched forward to be equivalent.
@@ -123,19 +143,22 @@ class PatchReport:
     patched: Counter = field(default_factory=Counter)
     skipped: list[tuple[str, str]] = field(default_factory=list)
     already: bool = False
+    #: Classes recognised by form, not by name: class -> the reference class its code reads as.
+    by_form: dict[str, str] = field(default_factory=dict)
 
     def __str__(self) -> str:
         if self.already:
             return f"flaggems.patch({self.model}): already patched"
         done = ", ".join(f"{kind} x{count}" for kind, count in sorted(self.patched.items())) or "nothing"
         lines = [f"flaggems.patch({self.model}): {done}"]
+        lines += [f"  {cls} read as {reference}" for cls, reference in sorted(self.by_form.items())]
         lines += [f"  skipped {name}: {why}" for name, why in self.skipped]
         return "\n".join(lines)
 
     def as_dict(self) -> dict[str, Any]:
         """Plain data (the models benchmark records it)."""
         return {"model": self.model, "patched": dict(self.patched), "skipped": [list(s) for s in self.skipped],
-                "already": self.already}
+                "already": self.already, "by_form": dict(self.by_form)}
 
 
 class _Undo:
@@ -169,8 +192,80 @@ def _norm_forward(module: nn.Module, kind: NormKind) -> Callable[[torch.Tensor],
     return forward
 
 
+def _code_tokens(source: str, own_name: str) -> tuple[str, ...]:
+    """``source``'s tokens without comments, docstrings and blank lines (indentation kept as tokens),
+    ``own_name`` written ``<cls>``."""
+    tokens: list[str] = []
+    statement: list[tokenize.TokenInfo] = []
+    for token in tokenize.generate_tokens(io.StringIO(textwrap.dedent(source)).readline):
+        if token.type in (tokenize.COMMENT, tokenize.NL, tokenize.ENDMARKER):
+            continue
+        if token.type in (tokenize.INDENT, tokenize.DEDENT):
+            tokens.append("{" if token.type == tokenize.INDENT else "}")
+            continue
+        if token.type == tokenize.NEWLINE:
+            if not all(t.type == tokenize.STRING for t in statement):  # a lone string is a docstring
+                tokens += ["<cls>" if t.string == own_name else t.string for t in statement] + [";"]
+            statement = []
+            continue
+        statement.append(token)
+    return tuple(tokens)
+
+
+@functools.cache
+def _form(cls: type) -> tuple[tuple[str, tuple[str, ...]], ...] | None:
+    """What instances of ``cls`` compute, as code: the tokens of every method it has below ``nn.Module``
+    but ``__init__`` and ``extra_repr`` (see :func:`_code_tokens`), by name; ``None`` where a source is not
+    available. Two classes of one form compute the same function of the same attributes."""
+    methods: dict[str, Callable[..., Any]] = {}
+    for klass in cls.__mro__:
+        if klass in (nn.Module, object):
+            break
+        for name, value in vars(klass).items():
+            if inspect.isfunction(value) and name not in methods and name not in ("__init__", "extra_repr"):
+                methods[name] = value
+    try:
+        return tuple(sorted((name, _code_tokens(inspect.getsource(fn), cls.__name__))
+                            for name, fn in methods.items()))
+    except (OSError, TypeError, SyntaxError, tokenize.TokenError):
+        return None
+
+
+_REFERENCE_FORMS: dict[Any, tuple[str, str, NormKind | None]] = {}
+
+
+def _reference_forms() -> dict[Any, tuple[str, str, NormKind | None]]:
+    """Form -> (kind, reference class, norm rounding) from the installed transformers; empty while
+    transformers is not imported (a model of it has imported it)."""
+    if not _REFERENCE_FORMS and "transformers" in sys.modules:
+        for module_name, class_name, kind, norm in _REFERENCES:
+            try:
+                form = _form(getattr(importlib.import_module(module_name), class_name))
+            except (ImportError, AttributeError):
+                continue
+            if form is not None:
+                _REFERENCE_FORMS.setdefault(form, (kind, class_name, norm))
+    return _REFERENCE_FORMS
+
+
+def _recognised(module: nn.Module) -> tuple[str, NormKind | None, str | None] | None:
+    """``(kind, norm rounding, reference)`` of a module flaggems knows: by class name (reference ``None``)
+    or by form (the reference class it reads as); ``None`` for any other module."""
+    name = type(module).__name__
+    if name in NORMS:
+        return "norm", NORMS[name], None
+    if name in MLPS:
+        return "mlp", None, None
+    if name in LAYERS:
+        return "layer", None, None
+    forms = _reference_forms()
+    found = forms.get(_form(type(module))) if forms else None
+    return None if found is None else (found[0], found[2], found[1])
+
+
 def _norm_kind(module: nn.Module) -> NormKind | None:
-    kind = NORMS.get(type(module).__name__)
+    recognised = _recognised(module) if isinstance(module, nn.Module) else None
+    kind = recognised[1] if recognised is not None and recognised[0] == "norm" else None
     if kind is None or not hasattr(module, kind.eps_attr):
         return None
     weight = getattr(module, "weight", None)
@@ -338,6 +433,38 @@ def _rotary(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tens
     return _ROTARY_OP(q, k, cos, sin, unsqueeze_dim, False)
 
 
+def _plain_function(obj: Any) -> Callable[..., Any] | None:
+    """The function as written behind a module function: with the ``kernels`` package installed,
+    transformers' hub decorator makes it a module whose forward calls the original (held in the forward's
+    closure); without it the function stays as written."""
+    if not isinstance(obj, nn.Module):
+        return inspect.unwrap(obj) if callable(obj) else None
+    cells = getattr(type(obj).forward, "__closure__", None) or ()
+    return next((c.cell_contents for c in cells if inspect.isfunction(c.cell_contents)), None)
+
+
+def _function_tokens(obj: Any) -> tuple[str, ...] | None:
+    """The code of a module function (see :func:`_code_tokens`), or ``None`` where it is not available."""
+    function = _plain_function(obj)
+    try:
+        return None if function is None else _code_tokens(inspect.getsource(function), "")
+    except (OSError, TypeError, SyntaxError, tokenize.TokenError):
+        return None
+
+
+def _rotary_form(module: Any) -> bool:
+    """Whether a modeling module's ``apply_rotary_pos_emb`` and ``rotate_half`` read as Llama's."""
+    try:
+        llama = importlib.import_module("transformers.models.llama.modeling_llama")
+    except ImportError:
+        return False
+    if module is llama:
+        return True
+    return all(_function_tokens(getattr(module, name, None)) is not None
+               and _function_tokens(getattr(module, name, None)) == _function_tokens(getattr(llama, name, None))
+               for name in ("apply_rotary_pos_emb", "rotate_half"))
+
+
 def _rotary_reason(attention: nn.Module) -> str | None:
     module = sys.modules.get(type(attention).__module__)
     original = getattr(module, "apply_rotary_pos_emb", None)
@@ -345,13 +472,21 @@ def _rotary_reason(attention: nn.Module) -> str | None:
         return "its modeling module has no apply_rotary_pos_emb"
     if _FUNCTIONS.get((module.__name__, "apply_rotary_pos_emb")):
         return None
-    # With the ``kernels`` package installed, transformers' hub decorator makes the function a module whose
-    # forward is the original; without it the function stays as written.
     function = original.forward if isinstance(original, nn.Module) else inspect.unwrap(original)
     signature = inspect.signature(function)
     if list(signature.parameters) != ["q", "k", "cos", "sin", "unsqueeze_dim"]:
         return f"apply_rotary_pos_emb{signature} is not (q, k, cos, sin, unsqueeze_dim)"
+    if type(attention).__name__ not in ATTENTIONS and not _rotary_form(module):
+        return "its modeling module's apply_rotary_pos_emb is not Llama's rotate-half form"
     return None
+
+
+def _rotary_candidate(attention: nn.Module) -> bool:
+    """An attention module whose rotary embedding :func:`patch` considers: named, or an ``...Attention``
+    of a modeling module with an ``apply_rotary_pos_emb``."""
+    name = type(attention).__name__
+    module = sys.modules.get(type(attention).__module__)
+    return name in ATTENTIONS or (name.endswith("Attention") and hasattr(module, "apply_rotary_pos_emb"))
 
 
 def _replace_function(module_name: str, attr: str, replacement: Any, undo: _Undo) -> None:
@@ -391,7 +526,10 @@ def patch(model: nn.Module) -> PatchReport:
     undo = _Undo()
     layer_norms: set[int] = set()
     for name, module in model.named_modules():
-        if type(module).__name__ in LAYERS:
+        recognised = _recognised(module)
+        if recognised is not None and recognised[0] == "layer":
+            if recognised[2] is not None:
+                report.by_form[type(module).__name__] = recognised[2]
             reason = _layer_reason(module)
             if reason is None:
                 _set_forward(module, _layer_forward(module), "decoder_layer", undo)
@@ -403,7 +541,16 @@ def patch(model: nn.Module) -> PatchReport:
         cls = type(module).__name__
         if getattr(module, MARK, None) is not None:
             continue
-        if cls in NORMS:
+        recognised = _recognised(module)
+        form = recognised[0] if recognised is not None else None
+        if recognised is not None and recognised[2] is not None and form != "layer":
+            report.by_form[cls] = recognised[2]
+        if form == "layer":
+            continue  # patched, or skipped with its reason, above
+        if form is None and cls.endswith(tuple(_KIND_SUFFIXES)) and "transformers" in type(module).__module__:
+            kind = next(k for suffix, k in _KIND_SUFFIXES.items() if cls.endswith(suffix))
+            report.skipped.append((name, f"{cls}: its code reads as no {kind} form flaggems knows"))
+        elif form == "norm":
             kind = _norm_kind(module)
             if kind is None:
                 report.skipped.append((name, f"{cls}: not the expected weight/eps attributes"))
@@ -413,14 +560,14 @@ def patch(model: nn.Module) -> PatchReport:
             else:
                 _set_forward(module, _norm_forward(module, kind), "rms_norm", undo)
                 report.patched["rms_norm"] += 1
-        elif cls in MLPS:
+        elif form == "mlp":
             reason = _mlp_reason(module)
             if reason is None:
                 _set_forward(module, _mlp_forward(module), "mlp", undo)
                 report.patched[f"{_activation(module)}_mul (mlp)"] += 1
             else:
                 report.skipped.append((name, f"{cls}: {reason}"))
-        elif cls in ATTENTIONS:
+        elif _rotary_candidate(module):
             reason = _rotary_reason(module)
             if reason is None:
                 if (type(module).__module__, "apply_rotary_pos_emb") not in undo.functions:
@@ -445,8 +592,9 @@ def patch(model: nn.Module) -> PatchReport:
             else:
                 report.skipped.append((name, f"{cls}: {reason}"))
     if not report.patched:
-        report.skipped.append(("", "no module of a family flaggems knows (Llama, Mistral, Qwen2, Qwen3, Gemma; "
-                                   "diffusers' ResnetBlock2D); the model is left untouched"))
+        report.skipped.append(("", "no module flaggems knows (by name or by form: Llama's RMSNorm, MLP, decoder "
+                                   "layer and rotary embedding, Gemma's RMSNorm; diffusers' ResnetBlock2D); the "
+                                   "model is left untouched"))
         return report
     # A model freed without unpatch() gives its module functions back too (the finalizer holds no model).
     undo.release = weakref.finalize(model, _restore_functions, list(undo.functions))

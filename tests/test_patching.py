@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import importlib
+import importlib.util
+import inspect
 import sys
+import textwrap
 
 import pytest
 import torch
@@ -17,11 +21,11 @@ DEV = torch.device(flaggems.backend().device_type)
 FAMILIES = ["Llama", "Qwen2", "Qwen3", "Mistral", "Gemma"]
 
 
-def tiny(family: str, dtype: torch.dtype = torch.float32, layers: int = 2) -> nn.Module:
+def tiny(family: str, dtype: torch.dtype = torch.float32, layers: int = 2, **config_args) -> nn.Module:
     """A two-layer ``<family>ForCausalLM`` with random weights (seed 0)."""
     config = getattr(transformers, f"{family}Config")(
         vocab_size=96, hidden_size=64, intermediate_size=96, num_hidden_layers=layers, num_attention_heads=4,
-        num_key_value_heads=2, max_position_embeddings=64, head_dim=16)
+        num_key_value_heads=2, max_position_embeddings=64, head_dim=16, **config_args)
     torch.manual_seed(0)
     return getattr(transformers, f"{family}ForCausalLM")(config).to(device=DEV, dtype=dtype).eval()
 
@@ -207,3 +211,90 @@ def test_the_operators_are_defined_at_import_with_their_references():
         assert ops.overload(name)._schema.name == f"flaggems::{name}"
     x, w = torch.randn(3, 8), torch.randn(8)
     torch.testing.assert_close(torch.ops.flaggems.rms_norm(x, w, 1e-6), ops.rms_norm(x, w, 1e-6))
+
+
+#: Families no table names, patched by form (their classes read as Llama's or Gemma's): what transformers 5.x
+#: models of two layers get. Gemma 2's and Granite's layers are of other forms (four norms; a residual
+#: multiplier): their norms, MLPs and rotary embeddings are patched alone.
+FORM_FAMILIES = {
+    "Mixtral": {"add_rms_norm (decoder layer)": 2, "rms_norm": 3, "rotary_embedding (attention)": 2},
+    "Gemma2": {"gelu_tanh_mul (mlp)": 2, "rms_norm": 9, "rotary_embedding (attention)": 2},
+    "Granite": {"rms_norm": 5, "silu_mul (mlp)": 2, "rotary_embedding (attention)": 2},
+    "SmolLM3": {"add_rms_norm (decoder layer)": 2, "rms_norm": 3, "silu_mul (mlp)": 2,
+                "rotary_embedding (attention)": 2},
+}
+
+
+def form_family(family: str) -> nn.Module:
+    if not hasattr(transformers, f"{family}Config"):
+        pytest.skip(f"transformers {transformers.__version__} has no {family}")
+    return tiny(family, pad_token_id=None, bos_token_id=None, eos_token_id=None)
+
+
+@pytest.mark.parametrize("family", FORM_FAMILIES)
+def test_families_no_table_names_are_patched_by_form(family):
+    model, prompt = form_family(family), ids()
+    state = {k: v.clone() for k, v in model.state_dict().items()}
+    with torch.no_grad():
+        want = model(prompt).logits
+        report = flaggems.patch(model)
+        got = model(prompt).logits
+    if int(transformers.__version__.split(".")[0]) >= 5:
+        assert dict(report.patched) == FORM_FAMILIES[family], str(report)
+    assert report.patched["rms_norm"] and report.by_form, str(report)
+    assert set(report.by_form.values()) <= {"LlamaRMSNorm", "GemmaRMSNorm", "LlamaMLP", "LlamaDecoderLayer",
+                                            "MixtralDecoderLayer"}
+    assert all(why.endswith("form flaggems knows") for _, why in report.skipped), str(report)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    assert all(torch.equal(model.state_dict()[k], v) for k, v in state.items())
+    assert flaggems.unpatch(model) and forward_attrs(model) == 0
+
+
+@pytest.mark.parametrize("family", ["Mixtral", "Gemma2"])
+def test_a_family_patched_by_form_runs_the_kernels_with_torchs_results(family):
+    model, prompt = form_family(family), ids()
+    with torch.no_grad():
+        want = model(prompt).logits
+        flaggems.patch(model)
+        with flaggems.enabled():
+            got = model(prompt).logits
+            declined = flaggems.routes("flaggems::rms_norm")[0]["declined"]
+    flaggems.unpatch(model)
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+    assert not declined, declined  # the generic kernels served the norms
+
+
+def _norm_module(tmp_path, name: str, change: str = "") -> type:
+    """Llama's RMSNorm renamed ``name`` in a module file of its own, with a comment and a docstring of its own
+    and ``change`` (``"old -> new"``) applied."""
+    llama = importlib.import_module("transformers.models.llama.modeling_llama")
+    source = textwrap.dedent(inspect.getsource(llama.LlamaRMSNorm)).replace("LlamaRMSNorm", name)
+    source = "\n".join(line for line in source.splitlines() if not line.startswith("@"))  # hub decorators
+    source = source.replace("    def forward(self, hidden_states):", "    # a comment of its own\n"
+                            '    def forward(self, hidden_states):\n        """A docstring of its own."""', 1)
+    if change:
+        old, new = change.split(" -> ")
+        assert old in source
+        source = source.replace(old, new)
+    path = tmp_path / f"norm_{name.lower()}.py"
+    path.write_text("import torch\nfrom torch import nn\n\n\n" + source + "\n")
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[path.stem] = module
+    spec.loader.exec_module(module)
+    return getattr(module, name)
+
+
+def test_a_form_is_the_code_not_its_comments_docstrings_or_name(tmp_path):
+    tiny("Llama", layers=1)  # transformers' Llama imported: the reference forms
+    same = nn.Sequential(_norm_module(tmp_path, "MyRMSNorm")(8))
+    report = flaggems.patch(same)
+    assert report.by_form == {"MyRMSNorm": "LlamaRMSNorm"} and report.patched["rms_norm"] == 1, str(report)
+    x = torch.randn(3, 8)
+    patched = same(x)
+    assert flaggems.unpatch(same)
+    torch.testing.assert_close(patched, same(x))
+    changed = nn.Sequential(_norm_module(tmp_path, "OtherRMSNorm",
+                                         "+ self.variance_epsilon -> + 2 * self.variance_epsilon")(8))
+    report = flaggems.patch(changed)
+    assert not report.patched and not report.by_form and "left untouched" in str(report)
