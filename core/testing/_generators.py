@@ -27,7 +27,7 @@ from typing import Any
 import torch
 
 from . import DEVICE_ASSERT, NATIVE_CONTIGUOUS_ON_GPU, _sweep
-from ._inputs import ALL_COPY_DTYPES, FLOATS, nonneg_values, values
+from ._inputs import ALL_COPY_DTYPES, FLOATS, GRAD_SHARE, nonneg_values, values
 
 #: Sizes a random dimension takes (0 and 1 included on purpose).
 SIZES = (0, 1, 1, 2, 3, 4, 5, 7)
@@ -306,7 +306,6 @@ def norm_dtypes(rng: random.Random, dev: torch.device) -> tuple[torch.dtype, tor
 def gen_group_norm(rng: random.Random, dev: torch.device) -> Gen:
     """``group_norm(input, num_groups, weight, bias, eps, cudnn_enabled)`` (forward values; with inputs that
     require grad, the kit compares gradients too)."""
-    from ._generators_fused import GRAD_SHARE
     from .cases.group_norm import FORWARD_ULPS
 
     dims, groups = norm_shape(rng)

@@ -48,6 +48,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from . import _sweep
+from ._inputs import GRAD_SHARE
 
 if TYPE_CHECKING:  # imported where used: _generators imports this module at its end to register these
     from ._generators import Gen
@@ -63,8 +64,6 @@ LEAD_SIZES = (0, 1, 2, 3, 4, 5)
 LEAD_WEIGHTS = (0.3, 3, 2, 2, 1, 1)
 #: Share of cases left contiguous and unfixed, for the kit's own relayout.
 RELAYOUT_SHARE = 0.2
-#: Share of cases whose differentiable inputs require grad.
-GRAD_SHARE = 0.1
 
 
 def _gen(args: tuple, kwargs: dict | None = None, **fields: Any) -> Gen:

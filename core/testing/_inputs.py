@@ -7,6 +7,8 @@ import torch
 FLOATS = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 INTS = (torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8)
 ALL_COPY_DTYPES = (*FLOATS, *INTS, torch.bool)
+#: Share of the random kit's cases whose differentiable inputs require grad (the kit then compares gradients).
+GRAD_SHARE = 0.1
 
 
 def values(shape: tuple[int, ...], dtype: torch.dtype, dev: torch.device) -> torch.Tensor:
