@@ -260,7 +260,7 @@ def _recognised(module: nn.Module) -> tuple[str, NormKind | None, str | None] | 
         return "layer", None, None
     forms = _reference_forms()
     found = forms.get(_form(type(module))) if forms else None
-    return None if found is None else (found[0], found[2], found[1])
+    return None if found is None else (found[0], found[2], None if found[1] == name else found[1])
 
 
 def _norm_kind(module: nn.Module) -> NormKind | None:

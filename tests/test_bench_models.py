@@ -306,7 +306,8 @@ def _smoke(tmp_path, pattern, *sides):
 
 
 @pytest.mark.parametrize("workload", ["qwen2_prefill_512", "qwen2_prefill_varlen", "qwen2_train",
-                                      "qwen2_decode_b1_static", "qwen2_decode_b8_dynamic"])
+                                      "qwen2_decode_b1_static", "qwen2_decode_b8_dynamic", "mixtral_prefill_512",
+                                      "mixtral_decode_b1_dynamic"])
 def test_new_decoder_workloads_pass_their_checks_on_every_side(tmp_path, workload):
     pytest.importorskip("transformers")
     code, doc = _smoke(tmp_path, workload)

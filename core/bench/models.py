@@ -45,6 +45,9 @@ four sides (estimated from the Llama decode step of ~6 ms and Qwen2's 24 layers;
 * ``{llama,qwen2}_prefill_varlen``: ``model(input_ids)`` on 2 prompts whose
   length changes at every call (uniform in 97-496, seeded: every side sees the
   same sequence), so plan misses show (~15 s);
+* ``mixtral_prefill_512`` / ``mixtral_decode_b1_dynamic``: the same two
+  workloads on a Mixtral-shaped MoE decoder (4 layers, hidden 1024, 8 experts
+  of 1792, top 2), a family ``flaggems.patch`` knows by form (~20 s each);
 * ``unet_fwd_fp16`` / ``unet_fwd_bwd_fp32``: a UNet-style stack of Conv2d ->
   GroupNorm -> SiLU blocks on channels_last input (pure torch; torch and
   flaggems sides only, ~7 s each);
@@ -58,7 +61,7 @@ four sides (estimated from the Llama decode step of ~6 ms and Qwen2's 24 layers;
   convolutions); torch, flaggems and patched sides (``flaggems.patch`` fuses
   the ResnetBlock2D norms and SiLUs), ~20 s and ~30 s.
 
-Everything: about 8 minutes with four sides (7 without the two ``sd15_*``);
+Everything: about 9 minutes with four sides (8 without the two ``sd15_*``);
 ``--only 'qwen2*'`` about 4.
 
 Per workload and side: one untimed step whose output is checked against torch's
@@ -827,6 +830,10 @@ LLAMA_SMOKE = {"layers": 2, "hidden": 64, "intermediate": 128, "heads": 4, "kv_h
 #: The shape of Qwen2-0.5B (tied input and output embeddings).
 QWEN2_FULL = {"layers": 24, "hidden": 896, "intermediate": 4864, "heads": 14, "kv_heads": 2, "vocab": 151936}
 QWEN2_SMOKE = {"layers": 1, "hidden": 64, "intermediate": 160, "heads": 4, "kv_heads": 2, "vocab": 384}
+#: A Mixtral-shaped MoE decoder (8 experts, top 2) the size of the Llama one: ``flaggems.patch`` knows its
+#: modules by form (their code reads as Llama's RMSNorm and rotary, its layer as Mixtral's), not by name.
+MIXTRAL_FULL = {"layers": 4, "hidden": 1024, "intermediate": 1792, "heads": 16, "kv_heads": 4, "vocab": 32000}
+MIXTRAL_SMOKE = {"layers": 1, "hidden": 64, "intermediate": 96, "heads": 4, "kv_heads": 2, "vocab": 256}
 LLAMA_DTYPE = torch.bfloat16
 #: Sizes of the per-family workloads (``*_decode_b*``, ``*_prefill_512``, ``*_train``, ``*_prefill_varlen``).
 RUNS_FULL = {"prefill": (4, 512), "prompt": 128, "new_tokens": 32, "decode_batch": {1: 1, 8: 8}, "train": (4, 256),
@@ -854,6 +861,7 @@ class Family:
 
 LLAMA = Family("llama", "Llama", LLAMA_FULL, LLAMA_SMOKE)
 QWEN2 = Family("qwen2", "Qwen2", QWEN2_FULL, QWEN2_SMOKE, {"tie_word_embeddings": True})
+MIXTRAL = Family("mixtral", "Mixtral", MIXTRAL_FULL, MIXTRAL_SMOKE, {"num_local_experts": 8, "num_experts_per_tok": 2})
 
 
 def transformers_available() -> bool:
@@ -1280,6 +1288,10 @@ def _family_workloads(family: Family, first: str) -> tuple[ModelWorkload, ...]:
 LLAMA_TITLE = "Llama decoder (4 layers, hidden 1024, GQA 16/4 heads, vocab 32000, bf16)"
 QWEN2_TITLE = ("Qwen2-0.5B-shaped decoder (24 layers, hidden 896, intermediate 4864, GQA 14/2 heads, "
                "vocab 151936, tied embeddings, bf16)")
+MIXTRAL_TITLE = ("Mixtral-shaped MoE decoder (4 layers, hidden 1024, 8 experts of intermediate 1792, top 2, "
+                 "GQA 16/4 heads, vocab 32000, bf16)")
+#: The Mixtral workloads: a prefill and a batch-1 decode (the patch by form, beside the families named).
+MIXTRAL_WORKLOADS = ("mixtral_prefill_512", "mixtral_decode_b1_dynamic")
 
 WORKLOADS: tuple[ModelWorkload, ...] = (
     ModelWorkload("llama_prefill", f"{LLAMA_TITLE}: model(input_ids), batch 4 x 256 tokens", build_llama_prefill,
@@ -1295,6 +1307,7 @@ WORKLOADS: tuple[ModelWorkload, ...] = (
                   functools.partial(build_llama_generate, static=False), needs_transformers=True, estimate_s=15),
     *_family_workloads(LLAMA, "the same Llama decoder"),
     *_family_workloads(QWEN2, QWEN2_TITLE),
+    *(w for w in _family_workloads(MIXTRAL, MIXTRAL_TITLE) if w.name in MIXTRAL_WORKLOADS),
     ModelWorkload("unet_fwd_fp16", "4 x (Conv2d(320,320,3) -> GroupNorm(32,320) -> SiLU), 2x320x64x64 "
                   "channels_last, fp16 forward, no grad", build_unet_forward, estimate_s=7),
     ModelWorkload("unet_fwd_bwd_fp32", "the same stack in fp32: forward + backward of out.square().mean(), "
@@ -1453,7 +1466,8 @@ def swapped_by(apply: Callable[[], Any], owners: Sequence[Any]) -> list[Swap]:
     return swaps
 
 
-LIGER_FUNCTIONS = {"llama": "apply_liger_kernel_to_llama", "qwen2": "apply_liger_kernel_to_qwen2"}
+LIGER_FUNCTIONS = {"llama": "apply_liger_kernel_to_llama", "qwen2": "apply_liger_kernel_to_qwen2",
+                   "mixtral": "apply_liger_kernel_to_mixtral"}
 #: What the liger side asks for: the same fusions as ``flaggems.patch``; the loss stays torch's.
 LIGER_OPTIONS = {"rope": True, "rms_norm": True, "swiglu": True, "cross_entropy": False,
                  "fused_linear_cross_entropy": False}
@@ -1501,7 +1515,7 @@ class LigerSide(Side):
         self.swaps: list[Swap] = []
 
     def omitted(self, case: Case) -> str | None:
-        """Liger patches the Llama and Qwen2 families' models only."""
+        """Liger patches the families of :data:`LIGER_FUNCTIONS` only."""
         if case.slot is None:
             return "no transformers model"
         return None if case.family in LIGER_FUNCTIONS else f"Liger-Kernel is not applied to {case.family}"
