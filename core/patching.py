@@ -32,10 +32,12 @@ activation: nothing there to fuse with it.
 
 Modules are recognised by class name (the tables below), or by form: a
 class whose code reads as one of the reference classes of the installed
-transformers (Llama's RMSNorm, MLP and decoder layer, Gemma's RMSNorm, Llama's
-``apply_rotary_pos_emb``), comments, docstrings and its own name aside, is
-that form (Mixtral, Phi-3's norms, Granite, DeepSeek-V3, Qwen2-MoE, OLMoE,
-SmolLM3, Gemma 2/3 and a hundred more in transformers 5.x). Each is checked
+transformers (:data:`_REFERENCES`; Llama's ``apply_rotary_pos_emb`` for the
+rotary embedding), annotations, docstrings, comments and its own name aside,
+is that form (Mixtral, Phi-3's norms, Granite, DeepSeek-V3, Qwen2-MoE, OLMoE,
+SmolLM3, Gemma 2/3 and a hundred more in transformers 5.x). In Gemma 2's
+layer form (a norm before and after the attention and the MLP each) the
+residual add and the pre-feedforward norm become one ``add_rms_norm``. Each is checked
 by structure (attributes, the activation, the ``forward``'s source for the
 layer); anything else is left alone and the report says why. The operators fall back to their torch
 references wherever flaggems is disabled or declines (CPU, float64, an
@@ -46,14 +48,13 @@ keys and values are untouched, and :func:`unpatch` restores every
 
 from __future__ import annotations
 
+import ast
 import functools
 import importlib
 import inspect
-import io
 import sys
 import textwrap
 import threading
-import tokenize
 import weakref
 from collections import Counter
 from collections.abc import Callable
@@ -108,7 +109,11 @@ _REFERENCES = (
     ("transformers.models.llama.modeling_llama", "LlamaMLP", "mlp", None),
     ("transformers.models.llama.modeling_llama", "LlamaDecoderLayer", "layer", None),
     ("transformers.models.mixtral.modeling_mixtral", "MixtralDecoderLayer", "layer", None),  # Llama's, no use_cache
+    ("transformers.models.gemma2.modeling_gemma2", "Gemma2DecoderLayer", "sandwich_layer", None),
 )
+#: The norms of a layer of Gemma 2's sandwich form (a norm before and after the attention and the MLP each).
+_SANDWICH_NORMS = ("input_layernorm", "post_attention_layernorm", "pre_feedforward_layernorm",
+                   "post_feedforward_layernorm")
 #: Class name endings of the kinds a transformers model names so: one not recognised is reported as skipped.
 _KIND_SUFFIXES = {"RMSNorm": "norm", "MLP": "mlp", "DecoderLayer": "layer"}
 #: diffusers' ResNet blocks of the pre-norm form: GroupNorm, SiLU, conv, twice (checked against their source).
@@ -192,31 +197,42 @@ def _norm_forward(module: nn.Module, kind: NormKind) -> Callable[[torch.Tensor],
     return forward
 
 
-def _code_tokens(source: str, own_name: str) -> tuple[str, ...]:
-    """``source``'s tokens without comments, docstrings and blank lines (indentation kept as tokens),
-    ``own_name`` written ``<cls>``."""
-    tokens: list[str] = []
-    statement: list[tokenize.TokenInfo] = []
-    for token in tokenize.generate_tokens(io.StringIO(textwrap.dedent(source)).readline):
-        if token.type in (tokenize.COMMENT, tokenize.NL, tokenize.ENDMARKER):
-            continue
-        if token.type in (tokenize.INDENT, tokenize.DEDENT):
-            tokens.append("{" if token.type == tokenize.INDENT else "}")
-            continue
-        if token.type == tokenize.NEWLINE:
-            if not all(t.type == tokenize.STRING for t in statement):  # a lone string is a docstring
-                tokens += ["<cls>" if t.string == own_name else t.string for t in statement] + [";"]
-            statement = []
-            continue
-        statement.append(token)
-    return tuple(tokens)
+class _Normalised(ast.NodeTransformer):
+    """Drops what does not change what code computes: annotations, docstrings (any lone string statement);
+    writes ``own_name`` as ``<cls>``."""
+
+    def __init__(self, own_name: str) -> None:
+        self.own_name = own_name
+
+    def generic_visit(self, node: ast.AST) -> ast.AST:
+        for field_name in ("body", "orelse", "finalbody"):
+            statements = getattr(node, field_name, None)
+            if isinstance(statements, list) and statements and isinstance(statements[0], ast.stmt):
+                kept = [s for s in statements
+                        if not (isinstance(s, ast.Expr) and isinstance(s.value, ast.Constant)
+                                and isinstance(s.value.value, str))]
+                setattr(node, field_name, kept or [ast.Pass()])
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            node.returns = None
+        if isinstance(node, ast.arg):
+            node.annotation = None
+        if isinstance(node, ast.Name) and node.id == self.own_name:
+            node.id = "<cls>"
+        return super().generic_visit(node)
+
+
+def _code_form(source: str, own_name: str) -> str:
+    """``source``'s syntax tree without annotations, docstrings, comments and layout, ``own_name`` written
+    ``<cls>``: two sources of one form compute the same thing."""
+    tree = _Normalised(own_name).visit(ast.parse(textwrap.dedent(source)))
+    return ast.dump(tree, annotate_fields=False, include_attributes=False)
 
 
 @functools.cache
-def _form(cls: type) -> tuple[tuple[str, tuple[str, ...]], ...] | None:
-    """What instances of ``cls`` compute, as code: the tokens of every method it has below ``nn.Module``
-    but ``__init__`` and ``extra_repr`` (see :func:`_code_tokens`), by name; ``None`` where a source is not
-    available. Two classes of one form compute the same function of the same attributes."""
+def _form(cls: type) -> tuple[tuple[str, str], ...] | None:
+    """What instances of ``cls`` compute, as code: the form (:func:`_code_form`) of every method it has below
+    ``nn.Module`` but ``__init__`` and ``extra_repr``, by name; ``None`` where a source is not available.
+    Two classes of one form compute the same function of the same attributes."""
     methods: dict[str, Callable[..., Any]] = {}
     for klass in cls.__mro__:
         if klass in (nn.Module, object):
@@ -225,9 +241,8 @@ def _form(cls: type) -> tuple[tuple[str, tuple[str, ...]], ...] | None:
             if inspect.isfunction(value) and name not in methods and name not in ("__init__", "extra_repr"):
                 methods[name] = value
     try:
-        return tuple(sorted((name, _code_tokens(inspect.getsource(fn), cls.__name__))
-                            for name, fn in methods.items()))
-    except (OSError, TypeError, SyntaxError, tokenize.TokenError):
+        return tuple(sorted((name, _code_form(inspect.getsource(fn), cls.__name__)) for name, fn in methods.items()))
+    except (OSError, TypeError, SyntaxError):
         return None
 
 
@@ -301,6 +316,13 @@ def _mlp_forward(module: nn.Module) -> Callable[[torch.Tensor], torch.Tensor]:
     return forward
 
 
+def _forwarded(layer: nn.Module) -> list[str]:
+    """``p=p`` for each parameter of the layer's ``forward`` but ``hidden_states`` and ``**kwargs``: what its
+    source must pass on to the attention for a patched forward passing ``**kwargs`` to be the same."""
+    return [f"{p}={p}" for p in inspect.signature(type(layer).forward).parameters
+            if p not in ("self", "hidden_states", "kwargs")]
+
+
 def _layer_reason(layer: nn.Module) -> str | None:
     for name in ("input_layernorm", "post_attention_layernorm"):
         if _norm_kind(getattr(layer, name, None)) is None:
@@ -309,9 +331,7 @@ def _layer_reason(layer: nn.Module) -> str | None:
         source = inspect.getsource(type(layer).forward)
     except (OSError, TypeError):
         return "its forward's source is not available to check"
-    forwarded = [f"{p}={p}" for p in inspect.signature(type(layer).forward).parameters
-                 if p not in ("self", "hidden_states", "kwargs")]
-    missing = [text for text in (*_LAYER_SOURCE_HAS, *forwarded) if text not in source]
+    missing = [text for text in (*_LAYER_SOURCE_HAS, *_forwarded(layer)) if text not in source]
     extra = [text for text in _LAYER_SOURCE_LACKS if text in source]
     if missing or extra:
         return f"its forward is not the pre-norm residual form ({'lacks ' + repr(missing[0]) if missing else ''}" \
@@ -333,6 +353,36 @@ def _layer_forward(layer: nn.Module) -> Callable[..., torch.Tensor]:
         hidden_states, _ = layer.self_attn(hidden_states=layer.input_layernorm(hidden_states), **kwargs)
         hidden_states, residual = op(hidden_states, residual, norm.weight, eps, kind.weight_offset, kind.cast_first)
         return residual + layer.mlp(hidden_states)
+
+    return forward
+
+
+def _sandwich_reason(layer: nn.Module) -> str | None:
+    """Why a layer of Gemma 2's form (recognised by its code) is not patched, or ``None``."""
+    for name in _SANDWICH_NORMS:
+        if _norm_kind(getattr(layer, name, None)) is None:
+            return f"{name} is not an RMSNorm flaggems knows"
+    source = _folded_source(type(layer))
+    missing = [text for text in _forwarded(layer) if source is None or text not in source]
+    return f"its forward does not pass {missing[0]!r} on to the attention" if missing else None
+
+
+def _sandwich_forward(layer: nn.Module) -> Callable[..., torch.Tensor]:
+    """Gemma 2's layer with the residual add and the pre-feedforward norm in one ``flaggems::add_rms_norm``."""
+    op = ops.overload("add_rms_norm")
+    norm = layer.pre_feedforward_layernorm
+    kind = _norm_kind(norm)
+    eps = float(getattr(norm, kind.eps_attr))
+    original = type(layer).forward
+
+    def forward(hidden_states: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
+        if args:  # arguments passed by position: the class's own forward knows where they go
+            return original(layer, hidden_states, *args, **kwargs)
+        residual = hidden_states
+        hidden_states, _ = layer.self_attn(hidden_states=layer.input_layernorm(hidden_states), **kwargs)
+        hidden_states, residual = op(layer.post_attention_layernorm(hidden_states), residual, norm.weight, eps,
+                                     kind.weight_offset, kind.cast_first)
+        return residual + layer.post_feedforward_layernorm(layer.mlp(hidden_states))
 
     return forward
 
@@ -443,12 +493,12 @@ def _plain_function(obj: Any) -> Callable[..., Any] | None:
     return next((c.cell_contents for c in cells if inspect.isfunction(c.cell_contents)), None)
 
 
-def _function_tokens(obj: Any) -> tuple[str, ...] | None:
-    """The code of a module function (see :func:`_code_tokens`), or ``None`` where it is not available."""
+def _function_form(obj: Any) -> str | None:
+    """The form of a module function (:func:`_code_form`), or ``None`` where its source is not available."""
     function = _plain_function(obj)
     try:
-        return None if function is None else _code_tokens(inspect.getsource(function), "")
-    except (OSError, TypeError, SyntaxError, tokenize.TokenError):
+        return None if function is None else _code_form(inspect.getsource(function), "")
+    except (OSError, TypeError, SyntaxError):
         return None
 
 
@@ -460,8 +510,8 @@ def _rotary_form(module: Any) -> bool:
         return False
     if module is llama:
         return True
-    return all(_function_tokens(getattr(module, name, None)) is not None
-               and _function_tokens(getattr(module, name, None)) == _function_tokens(getattr(llama, name, None))
+    return all(_function_form(getattr(module, name, None)) is not None
+               and _function_form(getattr(module, name, None)) == _function_form(getattr(llama, name, None))
                for name in ("apply_rotary_pos_emb", "rotate_half"))
 
 
@@ -511,6 +561,11 @@ def _restore_functions(functions: list[tuple[str, str]]) -> None:
                 del _FUNCTIONS[(module_name, attr)]
 
 
+#: Decoder layer forms: why one is not patched, its patched forward, the norm ``add_rms_norm`` takes over.
+_LAYER_KINDS = {"layer": (_layer_reason, _layer_forward, "post_attention_layernorm"),
+                "sandwich_layer": (_sandwich_reason, _sandwich_forward, "pre_feedforward_layernorm")}
+
+
 def patch(model: nn.Module) -> PatchReport:
     """Route a transformers decoder's layers, or a diffusers UNet's blocks, through flaggems' fused operators
     (see the module docstring).
@@ -527,13 +582,14 @@ def patch(model: nn.Module) -> PatchReport:
     layer_norms: set[int] = set()
     for name, module in model.named_modules():
         recognised = _recognised(module)
-        if recognised is not None and recognised[0] == "layer":
+        if recognised is not None and recognised[0] in _LAYER_KINDS:
             if recognised[2] is not None:
                 report.by_form[type(module).__name__] = recognised[2]
-            reason = _layer_reason(module)
+            reason, forward, fused_norm = _LAYER_KINDS[recognised[0]]
+            reason = reason(module)
             if reason is None:
-                _set_forward(module, _layer_forward(module), "decoder_layer", undo)
-                layer_norms.add(id(module.post_attention_layernorm))
+                _set_forward(module, forward(module), "decoder_layer", undo)
+                layer_norms.add(id(getattr(module, fused_norm)))
                 report.patched["add_rms_norm (decoder layer)"] += 1
             else:
                 report.skipped.append((name, f"{type(module).__name__}: {reason}"))
@@ -543,9 +599,9 @@ def patch(model: nn.Module) -> PatchReport:
             continue
         recognised = _recognised(module)
         form = recognised[0] if recognised is not None else None
-        if recognised is not None and recognised[2] is not None and form != "layer":
+        if recognised is not None and recognised[2] is not None and form not in _LAYER_KINDS:
             report.by_form[cls] = recognised[2]
-        if form == "layer":
+        if form in _LAYER_KINDS:
             continue  # patched, or skipped with its reason, above
         if form is None and cls.endswith(tuple(_KIND_SUFFIXES)) and "transformers" in type(module).__module__:
             kind = next(k for suffix, k in _KIND_SUFFIXES.items() if cls.endswith(suffix))

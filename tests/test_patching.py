@@ -21,9 +21,10 @@ DEV = torch.device(flaggems.backend().device_type)
 FAMILIES = ["Llama", "Qwen2", "Qwen3", "Mistral", "Gemma"]
 
 
-def tiny(family: str, dtype: torch.dtype = torch.float32, layers: int = 2, **config_args) -> nn.Module:
+def tiny(family: str, dtype: torch.dtype = torch.float32, layers: int = 2, config: str = "",
+         **config_args) -> nn.Module:
     """A two-layer ``<family>ForCausalLM`` with random weights (seed 0)."""
-    config = getattr(transformers, f"{family}Config")(
+    config = getattr(transformers, config or f"{family}Config")(
         vocab_size=96, hidden_size=64, intermediate_size=96, num_hidden_layers=layers, num_attention_heads=4,
         num_key_value_heads=2, max_position_embeddings=64, head_dim=16, **config_args)
     torch.manual_seed(0)
@@ -213,12 +214,16 @@ def test_the_operators_are_defined_at_import_with_their_references():
     torch.testing.assert_close(torch.ops.flaggems.rms_norm(x, w, 1e-6), ops.rms_norm(x, w, 1e-6))
 
 
-#: Families no table names, patched by form (their classes read as Llama's or Gemma's): what transformers 5.x
-#: models of two layers get. Gemma 2's and Granite's layers are of other forms (four norms; a residual
-#: multiplier): their norms, MLPs and rotary embeddings are patched alone.
+#: Families no table names, patched by form (their classes read as Llama's, Mixtral's, Gemma's or Gemma 2's):
+#: what transformers 5.x models of two layers get. Granite's layer is of another form (a residual
+#: multiplier): its norms, MLPs and rotary embeddings are patched alone. Gemma 2's and 3's layers (a norm
+#: before and after the attention and the MLP each) fuse the residual add with the pre-feedforward norm.
 FORM_FAMILIES = {
     "Mixtral": {"add_rms_norm (decoder layer)": 2, "rms_norm": 3, "rotary_embedding (attention)": 2},
-    "Gemma2": {"gelu_tanh_mul (mlp)": 2, "rms_norm": 9, "rotary_embedding (attention)": 2},
+    "Gemma2": {"add_rms_norm (decoder layer)": 2, "gelu_tanh_mul (mlp)": 2, "rms_norm": 7,
+               "rotary_embedding (attention)": 2},
+    "Gemma3": {"add_rms_norm (decoder layer)": 2, "gelu_tanh_mul (mlp)": 2, "rms_norm": 11,
+               "rotary_embedding (attention)": 2},
     "Granite": {"rms_norm": 5, "silu_mul (mlp)": 2, "rotary_embedding (attention)": 2},
     "SmolLM3": {"add_rms_norm (decoder layer)": 2, "rms_norm": 3, "silu_mul (mlp)": 2,
                 "rotary_embedding (attention)": 2},
@@ -226,9 +231,10 @@ FORM_FAMILIES = {
 
 
 def form_family(family: str) -> nn.Module:
-    if not hasattr(transformers, f"{family}Config"):
-        pytest.skip(f"transformers {transformers.__version__} has no {family}")
-    return tiny(family, pad_token_id=None, bos_token_id=None, eos_token_id=None)
+    config = "Gemma3TextConfig" if family == "Gemma3" else f"{family}Config"  # Gemma 3's text-only model
+    if not hasattr(transformers, config):
+        pytest.skip(f"transformers {transformers.__version__} has no {config}")
+    return tiny(family, pad_token_id=None, bos_token_id=None, eos_token_id=None, config=config)
 
 
 @pytest.mark.parametrize("family", FORM_FAMILIES)
@@ -243,14 +249,14 @@ def test_families_no_table_names_are_patched_by_form(family):
         assert dict(report.patched) == FORM_FAMILIES[family], str(report)
     assert report.patched["rms_norm"] and report.by_form, str(report)
     assert set(report.by_form.values()) <= {"LlamaRMSNorm", "GemmaRMSNorm", "LlamaMLP", "LlamaDecoderLayer",
-                                            "MixtralDecoderLayer"}
+                                            "MixtralDecoderLayer", "Gemma2DecoderLayer"}
     assert all(why.endswith("form flaggems knows") for _, why in report.skipped), str(report)
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
     assert all(torch.equal(model.state_dict()[k], v) for k, v in state.items())
     assert flaggems.unpatch(model) and forward_attrs(model) == 0
 
 
-@pytest.mark.parametrize("family", ["Mixtral", "Gemma2"])
+@pytest.mark.parametrize("family", ["Mixtral", "Gemma3"])
 def test_a_family_patched_by_form_runs_the_kernels_with_torchs_results(family):
     model, prompt = form_family(family), ids()
     with torch.no_grad():
