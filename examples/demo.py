@@ -95,6 +95,13 @@ def _fused(dev: torch.device) -> list[tuple[str, Callable[[], Any]]]:
     flaggems.patch(model)
     ids = torch.randint(0, 64, (1, 6), device=dev)
     rows.append(("flaggems.patch(LlamaForCausalLM) logits", lambda: _logits(model, ids)))
+    if hasattr(transformers, "Gemma2Config"):  # no table names Gemma 2: patched by the form of its modules
+        config = transformers.Gemma2Config(vocab_size=64, hidden_size=64, intermediate_size=96, num_hidden_layers=1,
+                                           num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                                           pad_token_id=None, bos_token_id=None, eos_token_id=None)
+        gemma = transformers.Gemma2ForCausalLM(config).to(dev).eval()
+        flaggems.patch(gemma)
+        rows.append(("flaggems.patch(Gemma2ForCausalLM) logits (by form)", lambda: _logits(gemma, ids)))
     return rows
 
 
