@@ -110,7 +110,11 @@ _REFERENCES = (
     ("transformers.models.llama.modeling_llama", "LlamaDecoderLayer", "layer", None),
     ("transformers.models.mixtral.modeling_mixtral", "MixtralDecoderLayer", "layer", None),  # Llama's, no use_cache
     ("transformers.models.gemma2.modeling_gemma2", "Gemma2DecoderLayer", "sandwich_layer", None),
+    ("transformers.models.phi3.modeling_phi3", "Phi3MLP", "gate_up_mlp", None),  # one projection, chunked
 )
+#: MLP forms: their ``nn.Linear`` attributes and their activation's attribute.
+_MLP_LAYOUTS = {"mlp": (("gate_proj", "up_proj", "down_proj"), "act_fn"),
+                "gate_up_mlp": (("gate_up_proj", "down_proj"), "activation_fn")}
 #: The norms of a layer of Gemma 2's sandwich form (a norm before and after the attention and the MLP each).
 _SANDWICH_NORMS = ("input_layernorm", "post_attention_layernorm", "pre_feedforward_layernorm",
                    "post_feedforward_layernorm")
@@ -287,9 +291,9 @@ def _norm_kind(module: nn.Module) -> NormKind | None:
     return kind if isinstance(weight, torch.Tensor) and weight.dim() == 1 else None
 
 
-def _activation(module: nn.Module) -> str | None:
+def _activation(module: nn.Module, attr: str = "act_fn") -> str | None:
     """``"silu"`` or ``"gelu_tanh"`` for the activation modules transformers builds, else ``None``."""
-    act = getattr(module, "act_fn", None)
+    act = getattr(module, attr, None)
     name = type(act).__name__
     if isinstance(act, nn.SiLU) or name in ("SiLUActivation", "SiLU"):
         return "silu"
@@ -298,22 +302,27 @@ def _activation(module: nn.Module) -> str | None:
     return None
 
 
-def _mlp_reason(module: nn.Module) -> str | None:
-    for name in ("gate_proj", "up_proj", "down_proj"):
+def _mlp_reason(module: nn.Module, form: str = "mlp") -> str | None:
+    linears, act = _MLP_LAYOUTS[form]
+    for name in linears:
         if not isinstance(getattr(module, name, None), nn.Linear):
             return f"no nn.Linear {name}"
-    if _activation(module) is None:
-        return f"activation {type(getattr(module, 'act_fn', None)).__name__} is neither SiLU nor tanh-GELU"
+    if _activation(module, act) is None:
+        return f"activation {type(getattr(module, act, None)).__name__} is neither SiLU nor tanh-GELU"
     return None
 
 
-def _mlp_forward(module: nn.Module) -> Callable[[torch.Tensor], torch.Tensor]:
-    op = ops.overload("silu_mul" if _activation(module) == "silu" else "gelu_tanh_mul")
+def _mlp_forward(module: nn.Module, form: str = "mlp") -> Callable[[torch.Tensor], torch.Tensor]:
+    op = ops.overload("silu_mul" if _activation(module, _MLP_LAYOUTS[form][1]) == "silu" else "gelu_tanh_mul")
 
     def forward(x: torch.Tensor) -> torch.Tensor:
         return module.down_proj(op(module.gate_proj(x), module.up_proj(x)))
 
-    return forward
+    def forward_gate_up(x: torch.Tensor) -> torch.Tensor:  # Phi-3's: ``up * act(gate)`` of one projection's halves
+        gate, up = module.gate_up_proj(x).chunk(2, dim=-1)
+        return module.down_proj(op(gate, up))
+
+    return forward_gate_up if form == "gate_up_mlp" else forward
 
 
 def _forwarded(layer: nn.Module) -> list[str]:
@@ -616,11 +625,11 @@ def patch(model: nn.Module) -> PatchReport:
             else:
                 _set_forward(module, _norm_forward(module, kind), "rms_norm", undo)
                 report.patched["rms_norm"] += 1
-        elif form == "mlp":
-            reason = _mlp_reason(module)
+        elif form in _MLP_LAYOUTS:
+            reason = _mlp_reason(module, form)
             if reason is None:
-                _set_forward(module, _mlp_forward(module), "mlp", undo)
-                report.patched[f"{_activation(module)}_mul (mlp)"] += 1
+                _set_forward(module, _mlp_forward(module, form), "mlp", undo)
+                report.patched[f"{_activation(module, _MLP_LAYOUTS[form][1])}_mul (mlp)"] += 1
             else:
                 report.skipped.append((name, f"{cls}: {reason}"))
         elif _rotary_candidate(module):
