@@ -246,7 +246,7 @@ def _form(cls: type) -> tuple[tuple[str, str], ...] | None:
                 methods[name] = value
     try:
         return tuple(sorted((name, _code_form(inspect.getsource(fn), cls.__name__)) for name, fn in methods.items()))
-    except (OSError, TypeError, SyntaxError):
+    except Exception:  # noqa: BLE001 - a class whose source cannot be read or parsed has no form (never patched)
         return None
 
 
@@ -507,7 +507,7 @@ def _function_form(obj: Any) -> str | None:
     function = _plain_function(obj)
     try:
         return None if function is None else _code_form(inspect.getsource(function), "")
-    except (OSError, TypeError, SyntaxError):
+    except Exception:  # noqa: BLE001 - as in _form: no source, no form
         return None
 
 
@@ -594,10 +594,10 @@ def patch(model: nn.Module) -> PatchReport:
         if recognised is not None and recognised[0] in _LAYER_KINDS:
             if recognised[2] is not None:
                 report.by_form[type(module).__name__] = recognised[2]
-            reason, forward, fused_norm = _LAYER_KINDS[recognised[0]]
-            reason = reason(module)
+            why, make_forward, fused_norm = _LAYER_KINDS[recognised[0]]
+            reason = why(module)
             if reason is None:
-                _set_forward(module, forward(module), "decoder_layer", undo)
+                _set_forward(module, make_forward(module), "decoder_layer", undo)
                 layer_norms.add(id(getattr(module, fused_norm)))
                 report.patched["add_rms_norm (decoder layer)"] += 1
             else:
