@@ -348,24 +348,6 @@ def _layer_reason(layer: nn.Module) -> str | None:
     return None
 
 
-def _layer_forward(layer: nn.Module) -> Callable[..., torch.Tensor]:
-    op = ops.overload("add_rms_norm")
-    norm = layer.post_attention_layernorm
-    kind = _norm_kind(norm)
-    eps = float(getattr(norm, kind.eps_attr))
-    original = type(layer).forward
-
-    def forward(hidden_states: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
-        if args:  # arguments passed by position: the class's own forward knows where they go
-            return original(layer, hidden_states, *args, **kwargs)
-        residual = hidden_states
-        hidden_states, _ = layer.self_attn(hidden_states=layer.input_layernorm(hidden_states), **kwargs)
-        hidden_states, residual = op(hidden_states, residual, norm.weight, eps, kind.weight_offset, kind.cast_first)
-        return residual + layer.mlp(hidden_states)
-
-    return forward
-
-
 def _sandwich_reason(layer: nn.Module) -> str | None:
     """Why a layer of Gemma 2's form (recognised by its code) is not patched, or ``None``."""
     for name in _SANDWICH_NORMS:
@@ -376,10 +358,12 @@ def _sandwich_reason(layer: nn.Module) -> str | None:
     return f"its forward does not pass {missing[0]!r} on to the attention" if missing else None
 
 
-def _sandwich_forward(layer: nn.Module) -> Callable[..., torch.Tensor]:
-    """Gemma 2's layer with the residual add and the pre-feedforward norm in one ``flaggems::add_rms_norm``."""
+def _layer_forward(layer: nn.Module, sandwich: bool = False) -> Callable[..., torch.Tensor]:
+    """The layer with its residual add and the norm after it in one ``flaggems::add_rms_norm``: Llama's form
+    (the post-attention norm), or Gemma 2's ``sandwich`` (the attention's and the MLP's outputs normed before
+    each residual add; the pre-feedforward norm fused)."""
     op = ops.overload("add_rms_norm")
-    norm = layer.pre_feedforward_layernorm
+    norm = layer.pre_feedforward_layernorm if sandwich else layer.post_attention_layernorm
     kind = _norm_kind(norm)
     eps = float(getattr(norm, kind.eps_attr))
     original = type(layer).forward
@@ -389,9 +373,11 @@ def _sandwich_forward(layer: nn.Module) -> Callable[..., torch.Tensor]:
             return original(layer, hidden_states, *args, **kwargs)
         residual = hidden_states
         hidden_states, _ = layer.self_attn(hidden_states=layer.input_layernorm(hidden_states), **kwargs)
-        hidden_states, residual = op(layer.post_attention_layernorm(hidden_states), residual, norm.weight, eps,
-                                     kind.weight_offset, kind.cast_first)
-        return residual + layer.post_feedforward_layernorm(layer.mlp(hidden_states))
+        if sandwich:
+            hidden_states = layer.post_attention_layernorm(hidden_states)
+        hidden_states, residual = op(hidden_states, residual, norm.weight, eps, kind.weight_offset, kind.cast_first)
+        hidden_states = layer.mlp(hidden_states)
+        return residual + (layer.post_feedforward_layernorm(hidden_states) if sandwich else hidden_states)
 
     return forward
 
@@ -572,7 +558,8 @@ def _restore_functions(functions: list[tuple[str, str]]) -> None:
 
 #: Decoder layer forms: why one is not patched, its patched forward, the norm ``add_rms_norm`` takes over.
 _LAYER_KINDS = {"layer": (_layer_reason, _layer_forward, "post_attention_layernorm"),
-                "sandwich_layer": (_sandwich_reason, _sandwich_forward, "pre_feedforward_layernorm")}
+                "sandwich_layer": (_sandwich_reason, functools.partial(_layer_forward, sandwich=True),
+                                   "pre_feedforward_layernorm")}
 
 
 def patch(model: nn.Module) -> PatchReport:
