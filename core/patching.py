@@ -354,7 +354,9 @@ def _sandwich_reason(layer: nn.Module) -> str | None:
         if _norm_kind(getattr(layer, name, None)) is None:
             return f"{name} is not an RMSNorm flaggems knows"
     source = _folded_source(type(layer))
-    missing = [text for text in _forwarded(layer) if source is None or text not in source]
+    if source is None:
+        return "its forward's source is not available to check"
+    missing = [text for text in _forwarded(layer) if text not in source]
     return f"its forward does not pass {missing[0]!r} on to the attention" if missing else None
 
 

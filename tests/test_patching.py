@@ -264,12 +264,18 @@ def test_a_family_patched_by_form_runs_the_kernels_with_torchs_results(family):
     with torch.no_grad():
         want = model(prompt).logits
         flaggems.patch(model)
+        before = flaggems.runtime.RUNTIME.plan_stats()
         with flaggems.enabled():
             got = model(prompt).logits
             declined = {op: flaggems.routes(op)[0]["declined"] for op in ("flaggems::rms_norm", "flaggems::silu_mul")}
+            stats = flaggems.runtime.RUNTIME.plan_stats()
     flaggems.unpatch(model)
     torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
     assert not any(declined.values()), declined  # the generic kernels served the norms (and Phi-3's halves)
+    if stats:  # the compiled entry: its counters say the fused norm was served (planned or replayed)
+        calls = {k: sum(v[f] for f in ("replay", "python", "miss")) - sum(before.get(k, {}).get(f, 0)
+                 for f in ("replay", "python", "miss")) for k, v in stats.items()}
+        assert any(n > 0 for k, n in calls.items() if k.startswith("flaggems::rms_norm@")), calls
 
 
 def _norm_module(tmp_path, name: str, change: str = "") -> type:
