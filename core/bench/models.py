@@ -1962,15 +1962,22 @@ def _release(device: torch.device) -> None:
 
 
 def run_all(workloads: Sequence[ModelWorkload], target: Target, settings: Settings,
-            progress: Callable[[str], None] | None = None) -> list[ModelResult]:
-    """Every workload, flaggems disabled between sides (the previous state restored after)."""
-    results = []
+            progress: Callable[[str], None] | None = None,
+            finished: Callable[[Sequence[ModelResult]], None] | None = None) -> list[ModelResult]:
+    """Every workload, flaggems disabled between sides (the previous state restored after).
+
+    ``finished`` is called with the results so far after each workload, so a run stopped by a time limit
+    keeps what it measured.
+    """
+    results: list[ModelResult] = []
     names, _ = run_sides(settings)
     with runner.flaggems_off():
         for workload in workloads:
             if progress is not None:
                 progress(workload.name)
             results.append(run_model(workload, target, settings, names))
+            if finished is not None:
+                finished(results)
     return results
 
 
@@ -2253,7 +2260,12 @@ def _run(args: argparse.Namespace, chosen: Sequence[ModelWorkload], settings: Se
     def progress(name: str) -> None:
         print(f"[{next(counter)}/{total}] {name}", file=sys.stderr, flush=True)
 
-    results = run_all(chosen, target, settings, progress)
+    def finished(results: Sequence[ModelResult]) -> None:
+        _print_partial(results[-1])
+        if args.json:
+            write_json(args.json, results, environment(target, settings))
+
+    results = run_all(chosen, target, settings, progress, finished)
     meta = environment(target, settings)
     print(table(results, meta))
     if args.json:
@@ -2263,6 +2275,16 @@ def _run(args: argparse.Namespace, chosen: Sequence[ModelWorkload], settings: Se
     if all(r.status == "skipped" for r in results):
         return 2
     return 1 if any(r.failed for r in results) else 0
+
+
+def _print_partial(result: ModelResult) -> None:
+    """The finished workload's rows on stderr at once (the table on stdout comes after the last one)."""
+    sides = table_sides([result])
+    body = rows([result], sides)
+    lines = _align(columns(sides), body) if body else []
+    lines.extend(problems([result]))
+    if lines:
+        print("\n".join(lines), file=sys.stderr, flush=True)
 
 
 def build_parser() -> argparse.ArgumentParser:
