@@ -30,7 +30,8 @@ a patched model keeps its results within the dtype's tolerance:
   ``unsqueeze_dim``; ``rotate`` is Llama's rotate-half (``cat(-x2, x1)`` of
   the two halves) or, ``interleaved``, GPT-J's rotation of each pair.
 * ``silu_mul(gate, up)``: ``silu(gate) * up``; ``gelu_tanh_mul(gate, up)``:
-  ``gelu(gate, approximate="tanh") * up`` (Gemma).
+  ``gelu(gate, approximate="tanh") * up`` (Gemma); ``gelu_mul(gate, up)``:
+  ``gelu(gate) * up``, the exact (erf) GELU of diffusers' ``GEGLU``.
 * ``group_norm_silu(input, num_groups, weight=None, bias=None, eps=1e-5)``:
   ``silu(group_norm(input, num_groups, weight, bias, eps))``, the GroupNorm
   then SiLU of diffusers' ``ResnetBlock2D`` (twice a block in a UNet).
@@ -54,6 +55,7 @@ SCHEMAS = {
                         "bool interleaved=False) -> (Tensor, Tensor)",
     "silu_mul": "silu_mul(Tensor gate, Tensor up) -> Tensor",
     "gelu_tanh_mul": "gelu_tanh_mul(Tensor gate, Tensor up) -> Tensor",
+    "gelu_mul": "gelu_mul(Tensor gate, Tensor up) -> Tensor",
     "group_norm_silu": "group_norm_silu(Tensor input, int num_groups, Tensor? weight=None, Tensor? bias=None, "
                        "float eps=1e-05) -> Tensor",
 }
@@ -104,6 +106,11 @@ def gelu_tanh_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     return F.gelu(gate, approximate="tanh") * up
 
 
+def gelu_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    """The reference of ``flaggems::gelu_mul``: ``gelu(gate) * up`` (the exact GELU: diffusers' GEGLU)."""
+    return F.gelu(gate) * up
+
+
 def group_norm_silu(input: torch.Tensor, num_groups: int, weight: torch.Tensor | None = None,
                     bias: torch.Tensor | None = None, eps: float = 1e-5) -> torch.Tensor:
     """The reference of ``flaggems::group_norm_silu``: ``silu(group_norm(input))`` (a UNet block's norm, activation)."""
@@ -111,7 +118,8 @@ def group_norm_silu(input: torch.Tensor, num_groups: int, weight: torch.Tensor |
 
 
 REFERENCES = {"rms_norm": rms_norm, "add_rms_norm": add_rms_norm, "rotary_embedding": rotary_embedding,
-              "silu_mul": silu_mul, "gelu_tanh_mul": gelu_tanh_mul, "group_norm_silu": group_norm_silu}
+              "silu_mul": silu_mul, "gelu_tanh_mul": gelu_tanh_mul, "gelu_mul": gelu_mul,
+              "group_norm_silu": group_norm_silu}
 
 _LOCK = threading.Lock()
 _LIBRARY: list[torch.library.Library] = []

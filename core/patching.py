@@ -9,8 +9,9 @@ per module instance (never a class, never a parameter):
 * the decoder layer, where its ``forward`` is the known pre-norm residual
   form: the residual add and the post-attention norm become one
   ``flaggems::add_rms_norm``;
-* the MLP with a SiLU or tanh-GELU activation: ``flaggems::silu_mul`` or
-  ``flaggems::gelu_tanh_mul`` between the projections;
+* the MLP with a SiLU, tanh-GELU or exact GELU activation:
+  ``flaggems::silu_mul``, ``gelu_tanh_mul`` or ``gelu_mul`` between the
+  projections;
 * the attention's rotary embedding (the modeling module's
   ``apply_rotary_pos_emb``, shared by every model of that module while one
   is patched): ``flaggems::rotary_embedding`` for q and k in one call.
@@ -25,7 +26,12 @@ its blocks):
   time scale and shift, so only the first pair is fused); the nonlinearity
   keeps serving the time embedding;
 * the UNet's output ``conv_norm_out`` then ``conv_act`` (SiLU): one
-  ``flaggems::group_norm_silu``, ``conv_act`` becoming the identity.
+  ``flaggems::group_norm_silu``, ``conv_act`` becoming the identity;
+* each ``GEGLU`` (the feed-forward of its transformer blocks) of the known
+  form: ``hidden * gelu(gate)`` of its projection's two halves becomes one
+  ``flaggems::gelu_mul`` reading the halves in place (three calls forward,
+  and their backward, become one each way). Not on an NPU, where diffusers
+  itself calls ``torch_npu.npu_geglu``.
 
 The attention blocks' GroupNorm is followed by a projection, not an
 activation: nothing there to fuse with it.
@@ -62,6 +68,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+import torch.nn.functional as F  # noqa: N812 - torch's own spelling
 from torch import nn
 
 from . import ops
@@ -139,6 +146,10 @@ _RESNET_SOURCE_HAS = (
 #: ``time_embedding_norm`` of the blocks: both norms fused, or (scale and shift between) the first only.
 _RESNET_FUSED = {"default": "group_norm_silu (resnet block)",
                  "scale_shift": "group_norm_silu (resnet block, norm1 only: scale_shift)"}
+#: diffusers' GEGLU, the feed-forward of its transformer blocks: one projection, ``hidden * gelu(gate)`` of its halves.
+GEGLUS = frozenset({"GEGLU"})
+_GEGLU_SOURCE_HAS = ("hidden_states = self.proj(hidden_states)",
+                     "hidden_states, gate = hidden_states.chunk(2, dim=-1)", "return hidden_states * self.gelu(gate)")
 #: diffusers UNets whose ``forward`` ends in ``conv_norm_out`` then ``conv_act`` (then ``conv_out``).
 UNETS = frozenset({"UNet2DConditionModel", "UNet2DModel"})
 _UNET_SOURCE_HAS = "sample = self.conv_norm_out(sample) sample = self.conv_act(sample)"
@@ -291,14 +302,22 @@ def _norm_kind(module: nn.Module) -> NormKind | None:
     return kind if isinstance(weight, torch.Tensor) and weight.dim() == 1 else None
 
 
+#: The fused op of each activation :func:`_activation` names.
+_GLU_OPS = {"silu": "silu_mul", "gelu_tanh": "gelu_tanh_mul", "gelu": "gelu_mul"}
+
+
 def _activation(module: nn.Module, attr: str = "act_fn") -> str | None:
-    """``"silu"`` or ``"gelu_tanh"`` for the activation modules transformers builds, else ``None``."""
+    """``"silu"``, ``"gelu_tanh"`` or ``"gelu"`` (exact) for the activation modules transformers builds, else
+    ``None``."""
     act = getattr(module, attr, None)
     name = type(act).__name__
     if isinstance(act, nn.SiLU) or name in ("SiLUActivation", "SiLU"):
         return "silu"
     if name in ("PytorchGELUTanh", "GELUTanh") or (isinstance(act, nn.GELU) and act.approximate == "tanh"):
         return "gelu_tanh"
+    if (isinstance(act, nn.GELU) and act.approximate == "none") or (
+            name == "GELUActivation" and getattr(act, "act", None) is F.gelu):  # not its python-formula variant
+        return "gelu"
     return None
 
 
@@ -308,12 +327,12 @@ def _mlp_reason(module: nn.Module, form: str = "mlp") -> str | None:
         if not isinstance(getattr(module, name, None), nn.Linear):
             return f"no nn.Linear {name}"
     if _activation(module, act) is None:
-        return f"activation {type(getattr(module, act, None)).__name__} is neither SiLU nor tanh-GELU"
+        return f"activation {type(getattr(module, act, None)).__name__} is not SiLU or GELU (exact or tanh)"
     return None
 
 
 def _mlp_forward(module: nn.Module, form: str = "mlp") -> Callable[[torch.Tensor], torch.Tensor]:
-    op = ops.overload("silu_mul" if _activation(module, _MLP_LAYOUTS[form][1]) == "silu" else "gelu_tanh_mul")
+    op = ops.overload(_GLU_OPS[_activation(module, _MLP_LAYOUTS[form][1])])
 
     def forward(x: torch.Tensor) -> torch.Tensor:
         return module.down_proj(op(module.gate_proj(x), module.up_proj(x)))
@@ -449,6 +468,47 @@ def _resnet_forward(block: nn.Module) -> Callable[..., torch.Tensor]:
         if block.conv_shortcut is not None:
             input_tensor = block.conv_shortcut(input_tensor.contiguous() if block.training else input_tensor)
         return (input_tensor + hidden) / block.output_scale_factor
+
+    return forward
+
+
+def _geglu_reason(module: nn.Module) -> str | None:
+    proj = getattr(module, "proj", None)
+    if not isinstance(proj, nn.Linear) or proj.out_features % 2:
+        return "proj is not an nn.Linear of an even output size"
+    source = _folded_source(type(module))
+    try:
+        gelu = " ".join(inspect.getsource(type(module).gelu).split())
+    except (AttributeError, OSError, TypeError):
+        gelu = None
+    if source is None or gelu is None:
+        return "its source is not available to check"
+    missing = [text for text in _GEGLU_SOURCE_HAS if text not in source]
+    if missing or not gelu.endswith("return F.gelu(gate)"):
+        return f"its forward is not the form flaggems knows (lacks {(missing or ['return F.gelu(gate)'])[0]!r})"
+    if "is_torch_npu_available()" in source and _npu_in_diffusers():
+        return "on an NPU diffusers calls torch_npu's npu_geglu (a tanh GELU) instead"
+    return None
+
+
+def _npu_in_diffusers() -> bool:
+    try:
+        from diffusers.utils import is_torch_npu_available
+    except ImportError:  # pragma: no cover - a diffusers without it has no NPU branch to follow
+        return False
+    return bool(is_torch_npu_available())
+
+
+def _geglu_forward(module: nn.Module) -> Callable[..., torch.Tensor]:
+    """``GEGLU.forward``: the projection, then ``gelu(gate) * hidden`` of its halves in one ``gelu_mul`` call."""
+    original = type(module).forward
+    op = ops.overload("gelu_mul")
+
+    def forward(hidden_states: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
+        if args or kwargs.get("scale") is not None:  # the deprecated ``scale``: the class's forward warns about it
+            return original(module, hidden_states, *args, **kwargs)
+        hidden, gate = module.proj(hidden_states).chunk(2, dim=-1)
+        return op(gate, hidden)
 
     return forward
 
@@ -636,6 +696,13 @@ def patch(model: nn.Module) -> PatchReport:
                 report.patched[_RESNET_FUSED[module.time_embedding_norm]] += 1
             else:
                 report.skipped.append((name, f"{cls}: {reason}"))
+        elif cls in GEGLUS:
+            reason = _geglu_reason(module)
+            if reason is None:
+                _set_forward(module, _geglu_forward(module), "geglu", undo)
+                report.patched["gelu_mul (geglu)"] += 1
+            else:
+                report.skipped.append((name, f"{cls}: {reason}"))
         elif cls in UNETS and getattr(module, "conv_norm_out", None) is not None:
             reason = _unet_reason(module)
             if reason is None:
@@ -647,8 +714,8 @@ def patch(model: nn.Module) -> PatchReport:
                 report.skipped.append((name, f"{cls}: {reason}"))
     if not report.patched:
         report.skipped.append(("", "no module flaggems knows (by name or by form: Llama's RMSNorm, MLP, decoder "
-                                   "layer and rotary embedding, Gemma's RMSNorm; diffusers' ResnetBlock2D); the "
-                                   "model is left untouched"))
+                                   "layer and rotary embedding, Gemma's RMSNorm; diffusers' ResnetBlock2D and "
+                                   "GEGLU); the model is left untouched"))
         return report
     # A model freed without unpatch() gives its module functions back too (the finalizer holds no model).
     undo.release = weakref.finalize(model, _restore_functions, list(undo.functions))

@@ -1,7 +1,7 @@
-"""``flaggems::silu_mul`` and ``flaggems::gelu_tanh_mul``: the references' semantics, for any kernel.
+"""``flaggems::silu_mul``, ``gelu_tanh_mul`` and ``gelu_mul``: the references' semantics, for any kernel.
 
-Both ops are ``act(gate) * up`` (:mod:`flaggems.ops`: ``F.silu(gate) * up``,
-``F.gelu(gate, approximate="tanh") * up``), the product of a gated MLP whose
+The ops are ``act(gate) * up`` (:mod:`flaggems.ops`: ``F.silu(gate) * up``,
+``F.gelu(gate, approximate="tanh") * up``, ``F.gelu(gate) * up``), the product of a gated MLP whose
 two linears give ``gate`` and ``up``. The front owns what every implementation
 must agree on with the reference:
 
@@ -45,8 +45,9 @@ from .group_norm import transformed
 DTYPES = frozenset({torch.float16, torch.bfloat16, torch.float32})
 SILU = "silu"
 GELU_TANH = "gelu_tanh"
+GELU = "gelu"
 #: The op of each activation (its reference is ``flaggems.ops.<op>``).
-OPS = {SILU: "silu_mul", GELU_TANH: "gelu_tanh_mul"}
+OPS = {SILU: "silu_mul", GELU_TANH: "gelu_tanh_mul", GELU: "gelu_mul"}
 
 Strides = tuple[int, ...]
 

@@ -444,7 +444,7 @@ def _bhsd(B: int, S: int, H: int, D: int, dtype: torch.dtype, dev: torch.device,
     return randn((B, H, S, D), dtype, dev)
 
 
-# -- silu_mul / gelu_tanh_mul -------------------------------------------------------------------------------
+# -- silu_mul / gelu_tanh_mul / gelu_mul -------------------------------------------------------------------------------
 
 #: Intermediate sizes: tiny, odd, powers of two and not.
 INTERMEDIATE = (1, 3, 16, 37, 64, 96, 128, 300, 688)
@@ -515,6 +515,11 @@ def gen_silu_mul(rng: random.Random, dev: torch.device) -> Gen:
 def gen_gelu_tanh_mul(rng: random.Random, dev: torch.device) -> Gen:
     """``flaggems::gelu_tanh_mul(gate, up)``."""
     return _glu_case(rng, dev, "flaggems::gelu_tanh_mul")
+
+
+def gen_gelu_mul(rng: random.Random, dev: torch.device) -> Gen:
+    """``flaggems::gelu_mul(gate, up)``."""
+    return _glu_case(rng, dev, "flaggems::gelu_mul")
 
 
 # -- group_norm_silu ----------------------------------------------------------------------------------------
@@ -595,5 +600,6 @@ FUSED_GENERATORS: dict[str, Callable[[random.Random, torch.device], Gen]] = {
     "flaggems::rotary_embedding": gen_rotary_embedding,
     "flaggems::silu_mul": gen_silu_mul,
     "flaggems::gelu_tanh_mul": gen_gelu_tanh_mul,
+    "flaggems::gelu_mul": gen_gelu_mul,
     "flaggems::group_norm_silu": gen_group_norm_silu,
 }

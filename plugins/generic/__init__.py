@@ -37,6 +37,7 @@ OPERATORS: tuple[OpImpl, ...] = (
     # flaggems' own fused ops (flaggems.ops): a decline runs their torch reference.
     OpImpl("flaggems::silu_mul", f"{__name__}.glu:silu_mul", dtypes=_FLOATS[:3]),
     OpImpl("flaggems::gelu_tanh_mul", f"{__name__}.glu:gelu_tanh_mul", dtypes=_FLOATS[:3]),
+    OpImpl("flaggems::gelu_mul", f"{__name__}.glu:gelu_mul", dtypes=_FLOATS[:3]),
     OpImpl("flaggems::rms_norm", f"{__name__}.rms_norm:rms_norm", dtypes=_FLOATS[:3]),
     OpImpl("flaggems::add_rms_norm", f"{__name__}.rms_norm:add_rms_norm", dtypes=_FLOATS[:3]),
     OpImpl("flaggems::rotary_embedding", f"{__name__}.rotary:rotary_embedding", dtypes=_FLOATS[:3]),

@@ -1,4 +1,4 @@
-"""``flaggems::silu_mul`` and ``flaggems::gelu_tanh_mul``: ``act(gate) * up`` in one launch, and its backward.
+"""``flaggems::silu_mul``, ``gelu_tanh_mul`` and ``gelu_mul``: ``act(gate) * up`` in one launch, and its backward.
 
 The semantics (checks, the output's layout, autograd) are :mod:`flaggems.fronts.glu`'s;
 this module is the kernels: :func:`prepare` (a launch described from metadata)
@@ -32,7 +32,9 @@ Activations in fp32, through ``exp`` only (Triton has no portable ``tanh``):
 no cancellation where ``tanh(z)`` is near ``-1`` (the reference's fp32
 ``0.5 * x * (1 + tanh(z))`` loses digits there). The derivatives use
 ``s * (1 - s) = e * s * s`` (``e = exp(-u)``, ``s = 1 / (1 + e)``) where
-``e`` cannot overflow, ``s * (1 - s)`` elsewhere.
+``e`` cannot overflow, ``s * (1 - s)`` elsewhere. The exact GELU is torch's
+formula, ``0.5 * x * (1 + erf(x / sqrt(2)))``, its derivative ``Phi(x) + x *
+phi(x)`` (the normal distribution's CDF and density).
 
 The sizes and strides are runtime arguments (64-bit, never specialised: one
 compiled kernel per dtype, activation, tile and flags); 64-bit offsets only
@@ -70,7 +72,7 @@ INT32_LIMIT = 2**31
 MAX_GRID_Y = 65535
 #: Dimensions the kernels address: two row dimensions and the columns.
 MAX_DIMS = 3
-ACTIVATIONS = {front.SILU: 0, front.GELU_TANH: 1}
+ACTIVATIONS = {front.SILU: 0, front.GELU_TANH: 1, front.GELU: 2}
 
 _SIZE_ARGS = ("rows", "n1", "cols", "cblocks")
 _FORWARD_ARGS = _SIZE_ARGS + tuple(f"{t}{s}" for t in ("g", "u", "o") for s in ("0", "1", "c"))
@@ -81,6 +83,9 @@ _GELU_C1 = tl.constexpr(-1.5957691216057308)
 _GELU_C3 = tl.constexpr(-0.07135481627159394)
 # d(-2z)/dx = C1 + 3 * C3 * x * x
 _GELU_D3 = tl.constexpr(-0.21406444881478182)
+# 1 / sqrt(2) and 1 / sqrt(2 * pi): the exact GELU's CDF argument and the normal density's factor.
+_SQRT_HALF = tl.constexpr(0.7071067811865476)
+_INV_SQRT_2PI = tl.constexpr(0.3989422804014327)
 
 
 # --------------------------------------------------------------------------- kernels
@@ -143,14 +148,28 @@ def _exponent(x, ACT: tl.constexpr):
 
 
 @triton.jit
+def _normal_cdf(x):
+    """``Phi(x) = 0.5 * (1 + erf(x / sqrt(2)))`` in fp32, as torch's exact GELU computes it."""
+    return 0.5 * (1.0 + tl.math.erf(x * _SQRT_HALF))
+
+
+@triton.jit
 def _activation(x, ACT: tl.constexpr):
-    """``silu(x)`` (``ACT == 0``) or ``gelu_tanh(x)`` in fp32 (see the module docstring)."""
-    return x / (1.0 + tl.exp(_exponent(x, ACT)))
+    """``silu(x)`` (``ACT == 0``), ``gelu_tanh(x)`` (1) or the exact ``gelu(x)`` (2) in fp32 (see the module
+    docstring)."""
+    if ACT == 2:
+        y = x * _normal_cdf(x)
+    else:
+        y = x / (1.0 + tl.exp(_exponent(x, ACT)))
+    return y
 
 
 @triton.jit
 def _activation_grad(x, ACT: tl.constexpr):
     """``(act(x), act'(x))`` in fp32."""
+    if ACT == 2:
+        cdf = _normal_cdf(x)
+        return x * cdf, cdf + x * tl.exp(-0.5 * x * x) * _INV_SQRT_2PI
     u = _exponent(x, ACT)
     e = tl.exp(u)
     s = 1.0 / (1.0 + e)
@@ -322,3 +341,4 @@ def launch(prepared: tuple, *tensors: torch.Tensor | None) -> None:
 #: The implementations of the ``OpImpl`` lines (their checks, layouts and autograd are the front's).
 silu_mul = front.entry(prepare, launch, front.SILU)
 gelu_tanh_mul = front.entry(prepare, launch, front.GELU_TANH)
+gelu_mul = front.entry(prepare, launch, front.GELU)

@@ -1,4 +1,4 @@
-"""``flaggems::silu_mul`` and ``flaggems::gelu_tanh_mul``: a decoder MLP's ``act(gate) * up``, bf16.
+"""``flaggems::silu_mul``, ``gelu_tanh_mul`` and ``gelu_mul``: a gated MLP's ``act(gate) * up``.
 
 Intermediate sizes of the decoder models the fused ops target: 2816 (hidden
 1024), 4864 (Qwen2-0.5B), 8192 (Llama-1B-like, hidden 2048), 14336 (hidden
@@ -10,7 +10,13 @@ halves of one ``[..., 2 * I]`` projection (strided views, read in place).
 The torch side is the reference with flaggems disabled: exactly the unfused
 sequence a patched model replaces (``F.silu(gate)`` then ``* up``: two
 kernels, their backward three). torch has no fused op for it to add as a
-third comparison. GeGLU (Gemma) runs at two sizes.
+third comparison. GeGLU (Gemma) runs at two sizes. All of these in bf16.
+
+``gelu_mul`` (the exact GELU) runs at the shapes of diffusers' ``GEGLU`` in
+the SD-1.5 UNet's transformer blocks, fp16 as that model runs: batch 2, the
+tokens of a 64x64 latent at each level (4096, 1024, 256) and an inner size of
+four times the level's channels (1280, 2560, 5120), the two halves of one
+merged projection (``hidden, gate = proj(x).chunk(2, -1)``).
 """
 
 from __future__ import annotations
@@ -28,21 +34,25 @@ TOKENS = ((1, 1), (8, 1), (4, 512))
 SMOKE_SHAPE = (2, 3, 48)
 #: (op name, intermediate sizes) benchmarked.
 OPS = (("silu_mul", INTERMEDIATE), ("gelu_tanh_mul", (8192, 14336)))
+#: SD-1.5's GEGLU: ``[batch, tokens, inner]`` of each UNet level (merged halves, fp16).
+GEGLU_SHAPES = ((2, 4096, 1280), (2, 1024, 2560), (2, 256, 5120))
+GEGLU_DTYPE = torch.float16
 
 
-def build(device: torch.device, shape: tuple[int, ...], merged: bool, backward: bool) -> Inputs:
+def build(device: torch.device, shape: tuple[int, ...], merged: bool, backward: bool,
+          dtype: torch.dtype = DTYPE) -> Inputs:
     """``gate`` and ``up`` of ``shape`` (or, ``merged``, ``proj`` of ``[..., 2 * I]``), ``dy`` for the backward."""
     if merged:
-        leaves = (randn((*shape[:-1], 2 * shape[-1]), DTYPE, device),)
+        leaves = (randn((*shape[:-1], 2 * shape[-1]), dtype, device),)
         inputs: Inputs = {"proj": leaves[0]}
     else:
-        leaves = (randn(shape, DTYPE, device), randn(shape, DTYPE, device, seed=1))
+        leaves = (randn(shape, dtype, device), randn(shape, dtype, device, seed=1))
         inputs = {"gate": leaves[0], "up": leaves[1]}
     inputs["leaves"] = leaves
     if backward:
         for leaf in leaves:
             leaf.requires_grad_(True)
-        inputs["dy"] = randn(shape, DTYPE, device, seed=2)
+        inputs["dy"] = randn(shape, dtype, device, seed=2)
     return inputs
 
 
@@ -76,16 +86,17 @@ def bytes_forward_backward(inputs: Inputs) -> int:
     return 8 * nbytes(_operands(inputs)[0])
 
 
-def case(name: str, shape: tuple[int, ...], backward: bool, merged: bool = False) -> Workload:
+def case(name: str, shape: tuple[int, ...], backward: bool, merged: bool = False, dtype: torch.dtype = DTYPE,
+         source: str = "issue 39: decoder MLP shapes") -> Workload:
     """One workload of ``flaggems::<name>`` at ``shape``."""
     forward, forward_backward = _forward(name)
     label = f"{name} {'fwd+bwd' if backward else 'fwd'}{' merged' if merged else ''}"
-    common = {"merged": merged, "backward": backward}
+    common = {"merged": merged, "backward": backward, "dtype": dtype}
     return Workload(
-        op=OP, name=f"{label} {dims(shape)}", smoke_name=f"{label} {dims(SMOKE_SHAPE)}", dtype=dtype_name(DTYPE),
+        op=OP, name=f"{label} {dims(shape)}", smoke_name=f"{label} {dims(SMOKE_SHAPE)}", dtype=dtype_name(dtype),
         build=build, run=forward_backward if backward else forward,
         bytes_moved=bytes_forward_backward if backward else bytes_forward, routes=(f"flaggems::{name}",),
-        source="issue 39: decoder MLP shapes", params={"shape": shape, **common},
+        source=source, params={"shape": shape, **common},
         smoke={"shape": SMOKE_SHAPE, **common},
     )
 
@@ -96,6 +107,9 @@ def _workloads() -> tuple[Workload, ...]:
         for backward in (False, True):
             found += [case(name, (*tokens, size), backward) for size in sizes for tokens in TOKENS]
             found.append(case(name, (*TOKENS[-1], sizes[-1]), backward, merged=True))
+    for backward in (False, True):
+        found += [case("gelu_mul", shape, backward, merged=True, dtype=GEGLU_DTYPE,
+                       source="issue 41: SD-1.5 GEGLU shapes") for shape in GEGLU_SHAPES]
     return tuple(found)
 
 
