@@ -12,12 +12,16 @@ from flaggems.runtime import RUNTIME
 from flaggems.testing.steady import off_replay
 
 diffusers = pytest.importorskip("diffusers")
-from diffusers.models.resnet import ResnetBlock2D  # noqa: E402 - after the importorskip
+from diffusers.models.activations import GEGLU  # noqa: E402 - after the importorskip
+from diffusers.models.resnet import ResnetBlock2D  # noqa: E402
 
 DEV = torch.device(flaggems.backend().device_type)
 ROUTE = "flaggems::group_norm_silu"
+GEGLU_ROUTE = "flaggems::gelu_mul"
 #: The tiny UNet's ResnetBlock2Ds: one per down block, two in the mid block, two per up block.
 RESNETS = 1 + 1 + 2 + 2 + 2
+#: Its GEGLUs, one per transformer block: the cross-attention down block, the mid block, the up block (two).
+GEGLUS = 1 + 1 + 2
 
 
 def tiny_unet() -> nn.Module:
@@ -55,8 +59,8 @@ def test_patch_reports_every_block_and_keeps_results_and_state(unet):
             got = unet(**inputs()).sample  # flaggems disabled: the operator's torch reference
         finally:
             flaggems.unpatch(unet)
-    assert dict(report.patched) == {"group_norm_silu (resnet block)": RESNETS, "group_norm_silu (unet output)": 1}, \
-        str(report)
+    assert dict(report.patched) == {"group_norm_silu (resnet block)": RESNETS, "group_norm_silu (unet output)": 1,
+                                    "gelu_mul (geglu)": GEGLUS}, str(report)
     assert not report.skipped, str(report)
     torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-6)
     assert list(unet.state_dict()) == list(state)
@@ -85,7 +89,7 @@ def test_enabled_patched_unet_routes_the_fused_operator_and_matches_torch(unet):
 def test_patch_is_idempotent_and_unpatch_restores_exactly(unet):
     first = flaggems.patch(unet)
     assert first.patched and flaggems.patch(unet).already and patching.is_patched(unet)
-    assert forward_attrs(unet) == RESNETS + 2  # every block, conv_norm_out and conv_act
+    assert forward_attrs(unet) == RESNETS + GEGLUS + 2  # every block, conv_norm_out and conv_act
     assert flaggems.unpatch(unet)
     assert forward_attrs(unet) == 0 and not patching.is_patched(unet)
     assert not any(patching.MARK in m.__dict__ for m in unet.modules())
@@ -105,7 +109,7 @@ def test_training_step_gradients_match_the_unpatched_model():
     want = grads()
     flaggems.patch(model)
     try:
-        with flaggems.enabled(include=[ROUTE]):
+        with flaggems.enabled(include=[ROUTE, GEGLU_ROUTE]):
             got = grads()
     finally:
         flaggems.unpatch(model)
@@ -199,3 +203,49 @@ def test_a_patched_unet_training_step_runs_no_python_in_the_steady_state():
             assert off_replay(step) == {}
     finally:
         flaggems.unpatch(unet)
+
+
+def _geglu() -> nn.Module:
+    torch.manual_seed(0)
+    return GEGLU(24, 40).to(DEV)
+
+
+def test_a_geglu_is_one_fused_call_with_its_result_and_gradients():
+    module = _geglu()
+    x = torch.randn(2, 5, 24, device=DEV, requires_grad=True)
+    want = module(x)
+    want_grads = torch.autograd.grad(want.square().sum(), (x, module.proj.weight))
+    report = flaggems.patch(module)
+    try:
+        assert dict(report.patched) == {"gelu_mul (geglu)": 1}, str(report)
+        with flaggems.enabled(include=[GEGLU_ROUTE]):
+            got = module(x)
+            got_grads = torch.autograd.grad(got.square().sum(), (x, module.proj.weight))
+            declined = flaggems.routes(GEGLU_ROUTE)[0]["declined"]
+        plain = module(x)  # flaggems disabled: the operator's torch reference, bit for bit
+    finally:
+        assert flaggems.unpatch(module)
+    assert not declined and "forward" not in module.__dict__
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+    assert torch.equal(plain, want)
+    for g, w in zip(got_grads, want_grads, strict=True):
+        torch.testing.assert_close(g, w, rtol=1e-4, atol=1e-5)
+
+
+def test_a_geglu_of_another_form_is_skipped_and_the_deprecated_scale_runs_its_own_forward():
+    class Tanh(GEGLU):  # the same name, a tanh GELU: not the exact GELU gelu_mul computes
+        def gelu(self, gate):
+            return torch.nn.functional.gelu(gate, approximate="tanh")
+
+    Tanh.__name__ = "GEGLU"
+    model = nn.ModuleDict({"plain": _geglu(), "tanh": _geglu()})
+    model["tanh"].__class__ = Tanh
+    report = flaggems.patch(model)
+    try:
+        assert report.patched == {"gelu_mul (geglu)": 1}, str(report)
+        assert "not the form flaggems knows" in dict(report.skipped)["tanh"]
+        x = torch.randn(3, 24, device=DEV)
+        with pytest.deprecated_call():
+            torch.testing.assert_close(model["plain"](x, scale=1.0), GEGLU.forward(model["plain"], x))
+    finally:
+        flaggems.unpatch(model)
