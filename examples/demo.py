@@ -81,6 +81,7 @@ def _fused(dev: torch.device) -> list[tuple[str, Callable[[], Any]]]:
             q, k, angles.cos(), angles.sin())])),
         ("flaggems::silu_mul", lambda: ops.silu_mul(gate, up)),
         ("flaggems::gelu_tanh_mul", lambda: ops.gelu_tanh_mul(gate, up)),
+        ("flaggems::gelu_mul (exact GELU: diffusers' GEGLU)", lambda: ops.gelu_mul(gate, up)),
         ("flaggems::group_norm_silu channels_last G8 (UNet)",
          lambda: ops.group_norm_silu(blocks, 8, norm_weight, norm_bias)),
     ]
