@@ -167,7 +167,7 @@ def _run(args: argparse.Namespace, chosen: list, target: Any) -> int:
     timing = runner.Timing.for_run(args.smoke)
     side_names = runner.sides(args.route)
     with report.progress(len(chosen)) as step:
-        results = runner.run_all(chosen, side_names, target, timing, step)
+        results = runner.run_all(chosen, side_names, target, timing, step, report.print_rows)
     meta = runner.environment(target, timing, side_names)
     print(report.table(results, meta))
     if args.json:

@@ -48,6 +48,12 @@ def rows(results: Sequence[Result]) -> list[tuple[str, ...]]:
     return out
 
 
+def print_rows(result: Result) -> None:
+    """One finished workload's rows on stderr, tab-separated (the aligned table on stdout comes at the end)."""
+    for row in rows([result]):
+        print("\nrow\t" + "\t".join(row), file=sys.stderr, flush=True)
+
+
 def _align(header: Sequence[str], body: Sequence[Sequence[str]]) -> list[str]:
     widths = [max(len(row[i]) for row in (header, *body)) for i in range(len(header))]
     numeric = {i for i, name in enumerate(header) if name.endswith(("us", "wall", "x", "GB/s", "speedup"))}

@@ -565,10 +565,17 @@ def _release(device: torch.device, timing: Timing) -> None:
 
 
 def run_all(workloads: Sequence[Workload], side_names: Sequence[str], target: Target, timing: Timing,
-            step: Callable[[str], None] | None = None) -> list[Result]:
-    """Run every workload, flaggems disabled between sides (restored after)."""
+            step: Callable[[str], None] | None = None,
+            finished: Callable[[Result], None] | None = None) -> list[Result]:
+    """Run every workload, flaggems disabled between sides (restored after); ``finished`` gets each result as it
+    comes (a run stopped by a time limit keeps what it printed)."""
+    results = []
     with flaggems_off():
-        return [run_workload(w, side_names, target, timing, step) for w in workloads]
+        for w in workloads:
+            results.append(run_workload(w, side_names, target, timing, step))
+            if finished is not None:
+                finished(results[-1])
+    return results
 
 
 # -- reporting helpers -----------------------------------------------------------
