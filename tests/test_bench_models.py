@@ -74,8 +74,12 @@ def test_list_and_usage_errors(capsys):
     assert all(w.name in listed for w in models.WORKLOADS)
     assert main(["bench", "--models", "--only", "nope"]) == 2
     assert "no workload matches" in capsys.readouterr().err
-    assert main(["bench", "--only", "unet*", "--list"]) == 2
+    assert main(["bench", "--rounds", "3", "--list"]) == 2
     assert "apply only with --models" in capsys.readouterr().err
+    assert main(["bench", "--only", "unet*", "--list"]) == 2  # seed workloads' names: none is a model's
+    assert "no workload matches" in capsys.readouterr().err
+    assert main(["bench", "--op", "rms_norm", "--only", "*vs F.rms_norm*", "--list"]) == 0
+    assert "24 workloads" in capsys.readouterr().out
     assert main(["bench", "--models", "--op", "copy_", "--list"]) == 2
     assert models.main(["--list", "--only", "llama*"]) == 0
     assert "llama_decode" in capsys.readouterr().out

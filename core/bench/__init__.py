@@ -94,7 +94,8 @@ def add_common_arguments(parser: argparse.ArgumentParser) -> None:
 def add_model_arguments(parser: argparse.ArgumentParser, prefix: str = "with --models: ") -> None:
     """The options of the model benchmark (``prefix`` starts each help text)."""
     parser.add_argument("--only", action="append", default=[], metavar="NAME",
-                        help=f"{prefix}only this workload, a name or a glob such as 'llama*' (see --list); repeatable")
+                        help="only this workload, a name or a glob such as 'llama*' (see --list); without --models "
+                             "the seed workloads' names, e.g. '*vs F.rms_norm*'; repeatable")
     parser.add_argument("--steps", type=_count(1), metavar="N",
                         help=f"{prefix}timed steps per round (default: as many as take ~200 ms on torch; "
                              "1 with --smoke)")
@@ -134,7 +135,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         from .models import cmd_models
 
         return cmd_models(args)
-    model_only = [flag for flag, value in (("--only", args.only), ("--steps", args.steps), ("--rounds", args.rounds),
+    model_only = [flag for flag, value in (("--steps", args.steps), ("--rounds", args.rounds),
                                            ("--warmup", args.warmup), ("--side", args.side))
                   if value not in (None, [])]
     if model_only:
@@ -146,9 +147,9 @@ def cmd_bench(args: argparse.Namespace) -> int:
     if unknown:
         return _fail(f"unknown op(s) {', '.join(unknown)}; known: {', '.join(sorted({w.op for w in workloads}))} "
                      "(or an aten op they route; see --list)")
-    chosen = shapes.select(workloads, args.op, args.dtype)
+    chosen = shapes.select(workloads, args.op, args.dtype, args.only)
     if not chosen:
-        return _fail("no workload matches --op/--dtype (see --list)")
+        return _fail("no workload matches --op/--dtype/--only (see --list)")
     if args.list:
         print(report.listing(chosen))
         return 0

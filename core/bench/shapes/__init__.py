@@ -5,6 +5,7 @@ Adding an op is adding a module here and naming it in :data:`MODULES`.
 
 from __future__ import annotations
 
+import fnmatch
 import importlib
 from collections.abc import Iterable
 
@@ -38,8 +39,9 @@ def known_ops(workloads: Iterable[Workload]) -> set[str]:
     return {w.op for w in workloads} | {route for w in workloads for route in w.routes}
 
 
-def select(workloads: Iterable[Workload], ops: Iterable[str] = (), dtypes: Iterable[str] = ()) -> list[Workload]:
-    """Filter by op and dtype; empty filters keep everything.
+def select(workloads: Iterable[Workload], ops: Iterable[str] = (), dtypes: Iterable[str] = (),
+           names: Iterable[str] = ()) -> list[Workload]:
+    """Filter by op, dtype and name (globs: ``'*vs F.rms_norm*'``); empty filters keep everything.
 
     An op names a shape module (``index_copy``) or, when no module has that
     name, an aten op a workload routes (``index_copy_``, ``repeat_interleave.Tensor``).
@@ -51,5 +53,7 @@ def select(workloads: Iterable[Workload], ops: Iterable[str] = (), dtypes: Itera
     def op_matches(w: Workload) -> bool:
         return any(w.op == op if op in modules else op in w.routes for op in wanted_ops)
 
+    patterns = list(names)
     return [w for w in workloads
-            if (not wanted_ops or op_matches(w)) and (not wanted_dtypes or w.dtypes() & wanted_dtypes)]
+            if (not wanted_ops or op_matches(w)) and (not wanted_dtypes or w.dtypes() & wanted_dtypes)
+            and (not patterns or any(fnmatch.fnmatchcase(w.name, p) for p in patterns))]
