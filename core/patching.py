@@ -467,7 +467,9 @@ def _resnet_forward(block: nn.Module) -> Callable[..., torch.Tensor]:
         hidden = block.conv2(block.dropout(hidden))
         if block.conv_shortcut is not None:
             input_tensor = block.conv_shortcut(input_tensor.contiguous() if block.training else input_tensor)
-        return (input_tensor + hidden) / block.output_scale_factor
+        output = input_tensor + hidden
+        # x / 1.0 is x bit for bit (and its gradient the identity): SD's blocks skip a kernel and a backward node
+        return output if block.output_scale_factor == 1.0 else output / block.output_scale_factor
 
     return forward
 
