@@ -93,6 +93,26 @@ def test_an_unknown_model_is_left_untouched():
     assert forward_attrs(model) == 0 and not patching.is_patched(model)
 
 
+@pytest.mark.parametrize("act,kind", [("gelu", "gelu_mul (mlp)"), ("gelu_pytorch_tanh", "gelu_tanh_mul (mlp)")])
+def test_an_mlp_of_each_gelu_is_served_by_its_fused_op(act, kind):
+    """``hidden_act="gelu"`` (exact, erf) goes to ``gelu_mul``, the tanh approximation to ``gelu_tanh_mul``; the
+    kernels give torch's logits."""
+    model, prompt = tiny("Llama", hidden_act=act), ids()
+    with torch.no_grad():
+        want = model(prompt).logits
+        report = flaggems.patch(model)
+        try:
+            route = f"flaggems::{kind.split()[0]}"
+            with flaggems.enabled(include=[route]):
+                got = model(prompt).logits
+                declined = flaggems.routes(route)[0]["declined"]
+        finally:
+            flaggems.unpatch(model)
+    assert report.patched[kind] == 2, str(report)
+    assert not declined
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
 def test_a_layer_of_another_form_is_skipped_with_its_reason_and_its_norms_patched_alone():
     model = tiny("Llama", layers=1)
     layer_class = type(model.model.layers[0])
