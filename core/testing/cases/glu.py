@@ -97,8 +97,8 @@ def _scalar(dev):
     return (_randn((), F32, dev), _randn((), F32, dev)), {}
 
 
-#: The exact GELU of ``+inf``: torch's CPU kernel answers NaN in its vectorised loop and ``inf`` in its scalar
-#: tail (``F.gelu`` of 18 fp32 ``inf`` gives 16 NaN, then 2 ``inf``); CUDA, float64 and our kernels give ``inf``.
+#: The exact GELU of ``+inf``: torch 2.13's CPU kernel answers NaN for fp32 and bf16 tensors of two or more
+#: elements (``inf`` for one element); CUDA, float64 and our kernels give ``inf``.
 #: The fixed case takes a finite point there; the randomized kit's specials (judged against float64) keep ``inf``.
 _NO_POSITIVE_INF = frozenset({"flaggems::gelu_mul"})
 
