@@ -98,7 +98,7 @@ def _scalar(dev):
 
 
 #: The exact GELU of ``+inf``: torch 2.13's CPU kernel answers NaN for fp32 and bf16 tensors of two or more
-#: elements (``inf`` for one element); CUDA, float64 and our kernels give ``inf``.
+#: elements (``inf`` for one element); float64, our kernels and CUDA's formula (not run here) give ``inf``.
 #: The fixed case takes a finite point there; the randomized kit's specials (judged against float64) keep ``inf``.
 _NO_POSITIVE_INF = frozenset({"flaggems::gelu_mul"})
 
