@@ -403,11 +403,11 @@ def _layer_forward(layer: nn.Module, sandwich: bool = False) -> Callable[..., to
     return forward
 
 
-def _folded_source(cls: type) -> str | None:
-    """``cls.forward``'s source with white space folded, or ``None`` where it is not available."""
+def _folded_source(cls: type, method: str = "forward") -> str | None:
+    """``cls.<method>``'s source with white space folded, or ``None`` where it is not available."""
     try:
-        return " ".join(inspect.getsource(cls.forward).split())
-    except (OSError, TypeError):
+        return " ".join(inspect.getsource(getattr(cls, method)).split())
+    except (AttributeError, OSError, TypeError):
         return None
 
 
@@ -478,11 +478,7 @@ def _geglu_reason(module: nn.Module) -> str | None:
     proj = getattr(module, "proj", None)
     if not isinstance(proj, nn.Linear) or proj.out_features % 2:
         return "proj is not an nn.Linear of an even output size"
-    source = _folded_source(type(module))
-    try:
-        gelu = " ".join(inspect.getsource(type(module).gelu).split())
-    except (AttributeError, OSError, TypeError):
-        gelu = None
+    source, gelu = _folded_source(type(module)), _folded_source(type(module), "gelu")
     if source is None or gelu is None:
         return "its source is not available to check"
     missing = [text for text in _GEGLU_SOURCE_HAS if text not in source]
