@@ -13,6 +13,7 @@ from flaggems.testing.steady import off_replay
 
 diffusers = pytest.importorskip("diffusers")
 from diffusers.models.activations import GEGLU  # noqa: E402 - after the importorskip
+from diffusers.models.attention_processor import Attention, AttnProcessor  # noqa: E402
 from diffusers.models.resnet import ResnetBlock2D  # noqa: E402
 
 DEV = torch.device(flaggems.backend().device_type)
@@ -22,6 +23,8 @@ GEGLU_ROUTE = "flaggems::gelu_mul"
 RESNETS = 1 + 1 + 2 + 2 + 2
 #: Its GEGLUs, one per transformer block: the cross-attention down block, the mid block, the up block (two).
 GEGLUS = 1 + 1 + 2
+#: Its attentions: a self- and a cross-attention per transformer block.
+ATTENTIONS = 2 * GEGLUS
 
 
 def tiny_unet() -> nn.Module:
@@ -60,10 +63,11 @@ def test_patch_reports_every_block_and_keeps_results_and_state(unet):
         finally:
             flaggems.unpatch(unet)
     assert dict(report.patched) == {"group_norm_silu (resnet block)": RESNETS, "group_norm_silu (unet output)": 1,
-                                    "gelu_mul (geglu)": GEGLUS}, str(report)
+                                    "gelu_mul (geglu)": GEGLUS, "attention (inline sdpa)": ATTENTIONS}, str(report)
     assert not report.skipped, str(report)
     torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-6)
     assert list(unet.state_dict()) == list(state)
+    assert {type(p).__name__ for p in unet.attn_processors.values()} == {"AttnProcessor2_0"}  # processors kept
     assert all(torch.equal(unet.state_dict()[k], v) for k, v in state.items())
 
 
@@ -89,7 +93,7 @@ def test_enabled_patched_unet_routes_the_fused_operator_and_matches_torch(unet):
 def test_patch_is_idempotent_and_unpatch_restores_exactly(unet):
     first = flaggems.patch(unet)
     assert first.patched and flaggems.patch(unet).already and patching.is_patched(unet)
-    assert forward_attrs(unet) == RESNETS + GEGLUS + 2  # every block, conv_norm_out and conv_act
+    assert forward_attrs(unet) == RESNETS + GEGLUS + ATTENTIONS + 2  # every block, conv_norm_out and conv_act
     assert flaggems.unpatch(unet)
     assert forward_attrs(unet) == 0 and not patching.is_patched(unet)
     assert not any(patching.MARK in m.__dict__ for m in unet.modules())
@@ -251,3 +255,59 @@ def test_a_geglu_of_another_form_is_skipped_and_the_deprecated_scale_runs_its_ow
             torch.testing.assert_close(model["plain"](x, scale=1.0), GEGLU.forward(model["plain"], x))
     finally:
         flaggems.unpatch(model)
+
+
+def _attention(**options) -> nn.Module:
+    torch.manual_seed(0)
+    return Attention(24, heads=3, dim_head=8, **options).to(DEV)
+
+
+@pytest.mark.parametrize("cross", [False, True], ids=["self", "cross"])
+def test_an_inline_attention_is_the_processors_result_bit_for_bit_with_its_gradients(cross):
+    module = _attention(cross_attention_dim=16 if cross else None)
+    x = torch.randn(2, 6, 24, device=DEV, requires_grad=True)
+    context = torch.randn(2, 5, 16, device=DEV) if cross else None
+
+    def run():
+        out = module(x, encoder_hidden_states=context)
+        return out, torch.autograd.grad(out.square().sum(), (x, module.to_q.weight, module.to_out[0].bias))
+
+    want, want_grads = run()
+    report = flaggems.patch(module)
+    try:
+        assert dict(report.patched) == {"attention (inline sdpa)": 1}, str(report)
+        got, got_grads = run()
+    finally:
+        assert flaggems.unpatch(module)
+    assert "forward" not in module.__dict__
+    assert torch.equal(got, want)  # the same calls, less a division by 1.0
+    for g, w in zip(got_grads, want_grads, strict=True):
+        assert torch.equal(g, w)
+
+
+def test_an_inline_attention_leaves_masks_other_processors_and_other_forms_to_diffusers():
+    model = nn.ModuleDict({"plain": _attention(), "scaled": _attention(out_bias=False),
+                           "residual": _attention(residual_connection=True), "normed": _attention(qk_norm="layer_norm"),
+                           "classic": _attention()})
+    model["scaled"].rescale_output_factor = 2.0
+    model["classic"].set_processor(AttnProcessor())
+    x = torch.randn(2, 6, 24, device=DEV)
+    mask = torch.zeros(2, 6, device=DEV)
+    mask[:, -2:] = -1e4
+    with torch.no_grad():
+        want = {name: module(x) for name, module in model.items()}
+        want_masked = model["plain"](x, attention_mask=mask)
+        report = flaggems.patch(model)
+        try:
+            reasons = dict(report.skipped)
+            assert report.patched == {"attention (inline sdpa)": 2}, str(report)
+            assert "residual_connection is set" in reasons["residual"], reasons
+            assert "norm_q is set" in reasons["normed"] and "AttnProcessor is not" in reasons["classic"], reasons
+            for name, module in model.items():
+                assert torch.equal(module(x), want[name]), name
+            assert torch.equal(model["plain"](x, attention_mask=mask), want_masked)
+            model["plain"].set_processor(AttnProcessor())  # set after patching: the module's own forward serves it
+            torch.testing.assert_close(model["plain"](x), want["plain"], rtol=1e-5, atol=1e-6)
+        finally:
+            flaggems.unpatch(model)
+    assert forward_attrs(model) == 0
