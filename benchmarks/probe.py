@@ -1110,6 +1110,52 @@ def probe_unet() -> None:
         flaggems.disable()
 
 
+# --------------------------------------------------------------------------- rms_norm backward
+RMS_HIDDEN = (896, 1024, 2048, 4096)
+#: ``(BLOCK_P, BLOCK_C, DWEIGHT_WARPS, PROGRAMS_PER_SM)`` of the generic backward: the shipped one first.
+RMS_BACKWARD_CONFIGS = ((32, 64, 4, 2), (256, 16, 8, 2), (128, 32, 8, 2), (64, 64, 8, 2), (32, 64, 4, 1),
+                        (256, 16, 8, 1))
+
+
+def probe_rms_norm_backward() -> None:
+    """Per-kernel GPU µs of ``F.rms_norm``'s backward against ours (2048 bf16 rows, the bench's 4x512 rows,
+    where run 42 measured our fwd+bwd at 0.53-0.63x torch's busy time), and ours over the dweight reduction's
+    tile, warps and partial rows (programs per multiprocessor), calling the generic backward directly."""
+    from flaggems.plugins.generic import rms_norm as rms
+
+    shipped = (rms.BLOCK_P, rms.BLOCK_C, rms.DWEIGHT_WARPS, rms.PROGRAMS_PER_SM)
+    for hidden in RMS_HIDDEN:
+        x = torch.randn(4, 512, hidden, device="cuda", dtype=torch.bfloat16)
+        w = (1 + 0.1 * torch.randn(hidden, device="cuda")).to(torch.bfloat16)
+        dy = torch.randn_like(x)
+        xg, wg = x.clone().requires_grad_(True), w.clone().requires_grad_(True)
+
+        def torch_fwd_bwd(xg=xg, wg=wg, dy=dy):
+            return torch.autograd.grad(F.rms_norm(xg, (xg.shape[-1],), wg, 1e-6), (xg, wg), dy)
+
+        kernels = _profile_kernels(torch_fwd_bwd, routed=False)
+        RESULTS[f"rms bwd {hidden} torch kernels"] = kernels
+        print(f"rms H={hidden} torch fwd+bwd: " + ", ".join(f"{k}={v:.1f}" for k, v in sorted(kernels.items())),
+              flush=True)
+        rstd = torch.rsqrt(x.float().square().mean(-1) + 1e-6)
+        dx, dw = torch.empty_like(x), torch.empty_like(w)
+        for config in RMS_BACKWARD_CONFIGS:
+            rms.BLOCK_P, rms.BLOCK_C, rms.DWEIGHT_WARPS, rms.PROGRAMS_PER_SM = config
+            rms._BACKWARD.clear()
+            rms._target_programs.cache_clear()
+
+            def ours_bwd(x=x, dy=dy, rstd=rstd, w=w, dx=dx, dw=dw):
+                rms.backward(dy, None, x, rstd, w, dx, dw, 0.0, False)
+
+            kernels = _profile_kernels(ours_bwd, routed=False)
+            RESULTS[f"rms bwd {hidden} ours {config} kernels"] = kernels
+            print(f"rms H={hidden} ours bwd {config}: total {sum(kernels.values()):.1f} "
+                  + ", ".join(f"{k}={v:.1f}" for k, v in sorted(kernels.items())), flush=True)
+        rms.BLOCK_P, rms.BLOCK_C, rms.DWEIGHT_WARPS, rms.PROGRAMS_PER_SM = shipped
+        rms._BACKWARD.clear()
+        rms._target_programs.cache_clear()
+
+
 SECTIONS = {
     "repeat": (probe_repeat,), "repeat_parts": (probe_repeat_parts,), "repeat_stages": (probe_repeat_stages,),
     "repeat_sweep": (probe_repeat_sweep,), "repeat_host": (probe_repeat_host,),
@@ -1121,6 +1167,7 @@ SECTIONS = {
     "autograd_launch": (probe_autograd_launch,), "passthrough": (probe_passthrough,),
     "kernel_stats": (probe_kernel_stats,), "unet": (probe_unet,),
     "group_norm_policy": (probe_group_norm_policy,), "int_casts": (probe_int_casts,),
+    "rms_norm_backward": (probe_rms_norm_backward,),
 }
 
 

@@ -36,6 +36,7 @@ ULP = {torch.float16: 2.0**-10, torch.bfloat16: 2.0**-7, torch.float32: 2.0**-23
 
 _CASES: dict[str, list[Case]] = {}
 _FLOAT64: dict[str, Callable[..., Any]] = {}
+_GRADIENT_TERMS: dict[str, Callable[..., dict[str, Any]]] = {}
 _LOADED = False
 
 
@@ -84,6 +85,26 @@ def register_float64_reference(op: str, reference: Callable[..., Any]) -> None:
     from ..policy import normalize_op
 
     _FLOAT64[normalize_op(op)] = reference
+
+
+def register_gradient_terms(op: str, terms: Callable[..., dict[str, Any]]) -> None:
+    """For an op whose gradients cancel terms far larger than themselves: ``terms(*args, incoming=...,
+    **kwargs)`` (float64 copies of the call's arguments and of the incoming gradients) gives, per argument
+    name, the float64 magnitude of the terms each element of that argument's gradient adds up. Any
+    floating-point evaluation of the formula rounds at that scale, so the kit's gradient judge allows the
+    case's ulps of it (``rms_norm``'s input gradient at a hidden size of 1 is ``rstd * (g - n * g * n)``,
+    terms a thousand times the answer; torch's composite and our kernels round them differently)."""
+    from ..policy import normalize_op
+
+    _GRADIENT_TERMS[normalize_op(op)] = terms
+
+
+def gradient_terms(op: str) -> Callable[..., dict[str, Any]] | None:
+    """The registered gradient terms of ``op`` (:func:`register_gradient_terms`), or ``None``."""
+    from ..policy import normalize_op
+
+    _load_case_modules()
+    return _GRADIENT_TERMS.get(normalize_op(op))
 
 
 def float64_reference(op: str) -> Callable[..., Any] | None:

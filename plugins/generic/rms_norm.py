@@ -81,8 +81,8 @@ TILE = 4096
 PROGRAMS_PER_SM = 2
 #: Program target where the device facts give no multiprocessor count (interpreter).
 DEFAULT_TARGET = 4
-#: ``_dweight_kernel``'s tile: ``[BLOCK_P, BLOCK_C]`` partials summed per step.
-BLOCK_P, BLOCK_C = 32, 64
+#: ``_dweight_kernel``'s tile (``[BLOCK_P, BLOCK_C]`` partials summed per step) and warps.
+BLOCK_P, BLOCK_C, DWEIGHT_WARPS = 32, 64, 4
 INT32_LIMIT = 2**31
 ROW_DIMS = 3
 
@@ -473,7 +473,7 @@ def _backward_plan(dy: torch.Tensor, dsum: torch.Tensor | None, x: torch.Tensor,
     scalars = (rows, m1, m2, per_program, *gs, *hs, *xs, *ds, *qs, 0 if weight is None else weight.stride(0))
     finish = None
     if need_dw:
-        finish = (_launcher(_dweight_kernel, 4, H=H, BLOCK_P=BLOCK_P, BLOCK_C=BLOCK_C), (cdiv(H, BLOCK_C),))
+        finish = (_launcher(_dweight_kernel, DWEIGHT_WARPS, H=H, BLOCK_P=BLOCK_P, BLOCK_C=BLOCK_C), (cdiv(H, BLOCK_C),))
     return launcher, (programs,), scalars, programs, finish
 
 

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import torch
 
-from .. import Case, register_cases, register_float64_reference
+from .. import Case, register_cases, register_float64_reference, register_gradient_terms
 
 F32, F16, BF16, F64 = torch.float32, torch.float16, torch.bfloat16, torch.float64
 ULPS = {F32: 4, F16: 2, BF16: 2, F64: 4}
@@ -181,7 +181,33 @@ def exact_add(input: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor 
     return exact(total, weight, eps, weight_offset, cast_first), total
 
 
+def gradient_terms(input: torch.Tensor, weight: torch.Tensor | None, eps: float, weight_offset: float = 0.0,
+                   cast_first: bool = True, *, incoming: list[torch.Tensor]) -> dict[str, torch.Tensor]:
+    """What the gradients add up (float64 magnitudes): the input's ``rstd * (gn - n * mean(gn * n))`` cancels
+    ``rstd * |gn|`` against ``rstd * |n * mean(gn * n)|`` (at a hidden size of 1 the answer is
+    ``eps * rstd**2`` of them); the weight's sums ``g * n`` over the rows."""
+    rstd = torch.rsqrt(input.pow(2).mean(-1, keepdim=True) + eps)
+    n, g = input * rstd, incoming[0]
+    gn = g if weight is None else g * (weight + weight_offset)
+    cancelled = rstd * (gn.abs() + (n * (gn * n).mean(-1, keepdim=True)).abs())
+    terms = {"input": cancelled}
+    if weight is not None:
+        terms["weight"] = (g * n).abs().sum(tuple(range(input.dim() - 1)))
+    return terms
+
+
+def gradient_terms_add(input: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor | None, eps: float,
+                       weight_offset: float = 0.0, cast_first: bool = True, *,
+                       incoming: list[torch.Tensor]) -> dict[str, torch.Tensor]:
+    """:func:`gradient_terms` of the sum; the input's and the residual's gradients also add the sum's own."""
+    terms = gradient_terms(input + residual, weight, eps, weight_offset, cast_first, incoming=incoming[:1])
+    summed = terms["input"] + (incoming[1].abs() if len(incoming) > 1 else 0)
+    return {**terms, "input": summed, "residual": summed}
+
+
 register_float64_reference(RMS, exact)
 register_float64_reference(ADD, exact_add)
+register_gradient_terms(RMS, gradient_terms)
+register_gradient_terms(ADD, gradient_terms_add)
 register_cases(RMS, [*_shared(False), *_errors(False)])
 register_cases(ADD, [*_shared(True), *_errors(True), *_add_only()])
