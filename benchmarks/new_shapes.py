@@ -9,7 +9,8 @@ past ``PLAN_FREE_MISSES`` misses with no plan reused, only one miss in
 ``PLAN_RETRY_EVERY`` is planned and the rest take the Python entry. Per side
 (torch, compiled entry, Python entry): µs of the first call of the sequence
 (a new layout class), µs per call over the first ``PLAN_FREE_MISSES`` calls and
-over the rest, and the compiled entry's counters::
+over half the rest (means), the median of 25-call chunks over the other half (a one-off compile does
+not move it), and the compiled entry's counters::
 
     python benchmarks/new_shapes.py [--calls 1200] [--json out.json]
 """
@@ -19,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import sys
 import time
 from collections.abc import Callable
@@ -97,6 +99,13 @@ def _timed(calls: list[Callable[[], torch.Tensor]], device: str) -> float:
     return (time.perf_counter() - start) / max(1, len(calls)) * 1e6
 
 
+def _chunk_median(calls: list[Callable[[], torch.Tensor]], device: str, chunk: int = 25) -> float:
+    """µs per call, the median over chunks of ``chunk`` calls: a one-off cost (a kernel configuration
+    compiled for a size the warm-up missed: 50-100 ms) moves the mean of a stretch, not this."""
+    chunks = [_timed(calls[i:i + chunk], device) for i in range(0, len(calls), chunk) if calls[i:i + chunk]]
+    return statistics.median(chunks) if chunks else 0.0
+
+
 def measure(name: str, calls: int, device: str) -> dict:
     """One row: per side, µs per call over the first ``PLAN_FREE_MISSES`` new shapes and over the rest."""
     free = binding.PLAN_FREE_MISSES
@@ -114,7 +123,8 @@ def measure(name: str, calls: int, device: str) -> dict:
         sequence = sequence[:calls]
         budget_left = max(0, free - len(warm))
         row[f"{side}_planned_us"] = _timed(sequence[:budget_left], device)
-        row[f"{side}_after_us"] = _timed(sequence[budget_left:], device)
+        row[f"{side}_after_us"] = _timed(sequence[budget_left:budget_left + len(sequence) // 2], device)
+        row[f"{side}_after_median_us"] = _chunk_median(sequence[budget_left + len(sequence) // 2:], device)
         if side == "compiled":
             row["stats"] = {k: v for k, v in RUNTIME.plan_stats().items() if v.get("miss")}
     _use("torch")
@@ -123,6 +133,8 @@ def measure(name: str, calls: int, device: str) -> dict:
     planned = "  ".join(f"{side} {row[f'{side}_planned_us']:6.1f}" for side in ("torch", "compiled", "python"))
     after = "  ".join(f"{side} {row[f'{side}_after_us']:6.1f}" for side in ("torch", "compiled", "python"))
     print(f"{name:<22} µs per call, planned stretch: {planned} | after the budget: {after}", flush=True)
+    median = "  ".join(f"{side} {row[f'{side}_after_median_us']:6.1f}" for side in ("torch", "compiled", "python"))
+    print(f"{name:<22} µs per call, after the budget, median of 25-call chunks: {median}", flush=True)
     for op, stats in row["stats"].items():
         print(f"    {op}: " + ", ".join(f"{k} {v}" for k, v in stats.items()))
     return row
