@@ -8,7 +8,8 @@
 # "kit" (the randomized conformance kit,
 # KIT_CASES per op, generic and each vendor simulated) and "vendors": each vendor's tests and
 # conformance kit simulated on this GPU, and its bench rows against the generic route or tuning).
-# KIT_JOBS > 1 runs the kit as one process per (op, implementation), that many at once; "distributed": the
+# KIT_JOBS > 1 runs the kit as one process per (op, implementation), that many at once (KIT_WALL=s: each
+# process's seconds chosen so every wave ends within s; the logs are packed at the end); "distributed": the
 # two-GPU tests and benchmarks/distributed.py (nvidia-h200-x2).
 # MODELS_ARGS and BENCH_ARGS pass options to `flaggems bench --models` and `flaggems bench` (e.g. --only, --op).
 set -uo pipefail
@@ -62,6 +63,11 @@ while read -r v op label; do
   for ((i = 0; i < k; i++)); do echo "$v $op $label $((${KIT_SEED:-0} + i)) $(((${KIT_CASES:-10000} + k - 1) / k))"; done
 done <"$out/kit_targets.txt" >"$out/kit_tasks.txt"
 python3 -m flaggems build  # once, before the processes that would each wait on the first one's build
+if [[ -n ${KIT_WALL:-} ]]; then  # KIT_WALL=s: the whole step in s seconds, however many waves of KIT_JOBS it takes
+  waves=$(( ($(wc -l <"$out/kit_tasks.txt") + KIT_JOBS - 1) / KIT_JOBS ))
+  KIT_SECONDS=$(( KIT_WALL / waves - 40 )); KIT_TIMEOUT=$(( KIT_SECONDS + 30 ))
+  echo "kit: $(wc -l <"$out/kit_tasks.txt") processes in $waves waves of $KIT_JOBS, $KIT_SECONDS s each"
+fi
 export out KIT_CASES=${KIT_CASES:-10000} KIT_SECONDS=${KIT_SECONDS:-400} KIT_TIMEOUT=${KIT_TIMEOUT:-450} KIT_ARGS=${KIT_ARGS:-}
 # one thread per process (16 processes share the cores); KIT_PROFILE=1: each process under cProfile
 export OMP_NUM_THREADS=1 KIT_PROFILE=${KIT_PROFILE:-}
