@@ -597,11 +597,15 @@ def _term_scales(op: str, exp: Prepared, incoming: list[torch.Tensor]) -> list[t
     wide = _widener()
     args = tuple(wide(a) for a in exp.built.args)
     kwargs = {k: wide(v) for k, v in exp.built.kwargs.items()}
-    bound = inspect.signature(terms).bind(*args, incoming=[g.double() for g in incoming], **kwargs)
-    with torch.no_grad():
-        scales = terms(*bound.args, **bound.kwargs)
+    try:
+        bound = inspect.signature(terms).bind(*args, incoming=[g.double() for g in incoming], **kwargs)
+        with torch.no_grad():
+            scales = terms(*bound.args, **bound.kwargs)
+    except Exception:  # noqa: BLE001 - a call the terms do not describe: no such judge
+        return [None] * len(leaves)
     names = {id(value): name for name, value in bound.arguments.items() if isinstance(value, torch.Tensor)}
-    return [scales.get(names.get(id(wide(leaf)), ""), None) for leaf in leaves]
+    found = [scales.get(names.get(id(wide(leaf)), ""), None) for leaf in leaves]
+    return [s if s is None or s.shape == leaf.shape else None for s, leaf in zip(found, leaves, strict=True)]
 
 
 def _within_terms(actual: Any, expected: Any, truth: Any, scale: torch.Tensor, ulps: float) -> bool:
