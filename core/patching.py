@@ -690,6 +690,26 @@ def _restore_functions(functions: list[tuple[str, str]]) -> None:
 
 
 #: Decoder layer forms: why one is not patched, its patched forward, the norm ``add_rms_norm`` takes over.
+#: diffusers modules patched one instance at a time: class names -> (why not, the forward, its mark, report label).
+_DIFFUSERS_KINDS: tuple[tuple[frozenset[str], Callable[[nn.Module], str | None],
+                              Callable[[nn.Module], Callable[..., torch.Tensor]], str,
+                              Callable[[nn.Module], str]], ...] = (
+    (RESNETS, _resnet_reason, _resnet_forward, "resnet_block", lambda m: _RESNET_FUSED[m.time_embedding_norm]),
+    (GEGLUS, _geglu_reason, _geglu_forward, "geglu", lambda m: "gelu_mul (geglu)"),
+    (DIFFUSERS_ATTENTIONS, _attention_reason, _attention_forward, "attention", lambda m: "attention (inline sdpa)"),
+)
+
+
+def _diffusers_kind(module: nn.Module) -> tuple | None:
+    """The row of :data:`_DIFFUSERS_KINDS` for a module of one of its classes (an ``Attention`` only from
+    diffusers: other libraries name theirs so too), else ``None``."""
+    cls = type(module)
+    for names, *row in _DIFFUSERS_KINDS:
+        if cls.__name__ in names and (names is not DIFFUSERS_ATTENTIONS or "diffusers" in cls.__module__):
+            return tuple(row)
+    return None
+
+
 _LAYER_KINDS = {"layer": (_layer_reason, _layer_forward, "post_attention_layernorm"),
                 "sandwich_layer": (_sandwich_reason, functools.partial(_layer_forward, sandwich=True),
                                    "pre_feedforward_layernorm")}
@@ -760,25 +780,12 @@ def patch(model: nn.Module) -> PatchReport:
                 report.patched["rotary_embedding (attention)"] += 1
             else:
                 report.skipped.append((name, f"{cls}: {reason}"))
-        elif cls in RESNETS:
-            reason = _resnet_reason(module)
+        elif (kind_row := _diffusers_kind(module)) is not None:
+            why, make_forward, mark, label = kind_row
+            reason = why(module)
             if reason is None:
-                _set_forward(module, _resnet_forward(module), "resnet_block", undo)
-                report.patched[_RESNET_FUSED[module.time_embedding_norm]] += 1
-            else:
-                report.skipped.append((name, f"{cls}: {reason}"))
-        elif cls in GEGLUS:
-            reason = _geglu_reason(module)
-            if reason is None:
-                _set_forward(module, _geglu_forward(module), "geglu", undo)
-                report.patched["gelu_mul (geglu)"] += 1
-            else:
-                report.skipped.append((name, f"{cls}: {reason}"))
-        elif cls in DIFFUSERS_ATTENTIONS and "diffusers" in type(module).__module__:
-            reason = _attention_reason(module)
-            if reason is None:
-                _set_forward(module, _attention_forward(module), "attention", undo)
-                report.patched["attention (inline sdpa)"] += 1
+                _set_forward(module, make_forward(module), mark, undo)
+                report.patched[label(module)] += 1
             else:
                 report.skipped.append((name, f"{cls}: {reason}"))
         elif cls in UNETS and getattr(module, "conv_norm_out", None) is not None:
