@@ -689,7 +689,6 @@ def _restore_functions(functions: list[tuple[str, str]]) -> None:
                 del _FUNCTIONS[(module_name, attr)]
 
 
-#: Decoder layer forms: why one is not patched, its patched forward, the norm ``add_rms_norm`` takes over.
 #: diffusers modules patched one instance at a time: class names -> (why not, the forward, its mark, report label).
 _DIFFUSERS_KINDS: tuple[tuple[frozenset[str], Callable[[nn.Module], str | None],
                               Callable[[nn.Module], Callable[..., torch.Tensor]], str,
@@ -710,6 +709,7 @@ def _diffusers_kind(module: nn.Module) -> tuple | None:
     return None
 
 
+#: Decoder layer forms: why one is not patched, its patched forward, the norm ``add_rms_norm`` takes over.
 _LAYER_KINDS = {"layer": (_layer_reason, _layer_forward, "post_attention_layernorm"),
                 "sandwich_layer": (_sandwich_reason, functools.partial(_layer_forward, sandwich=True),
                                    "pre_feedforward_layernorm")}
