@@ -1112,9 +1112,12 @@ def probe_unet() -> None:
 
 # --------------------------------------------------------------------------- rms_norm backward
 RMS_HIDDEN = (896, 1024, 2048, 4096)
-#: ``(BLOCK_P, BLOCK_C, DWEIGHT_WARPS, PROGRAMS_PER_SM)`` of the generic backward: the shipped one first.
-RMS_BACKWARD_CONFIGS = ((32, 64, 4, 2), (256, 16, 8, 2), (128, 32, 8, 2), (64, 64, 8, 2), (32, 64, 4, 1),
-                        (256, 16, 8, 1))
+#: ``(BLOCK_P, BLOCK_C, DWEIGHT_WARPS, BACKWARD_PROGRAMS_PER_SM, BACKWARD_WARP_ELEMENTS)`` of the generic
+#: backward: the shipped one first.
+RMS_BACKWARD_KNOBS = ("BLOCK_P", "BLOCK_C", "DWEIGHT_WARPS", "BACKWARD_PROGRAMS_PER_SM", "BACKWARD_WARP_ELEMENTS")
+RMS_BACKWARD_CONFIGS = ((256, 16, 8, 2, 256), (128, 32, 8, 2, 256), (64, 64, 8, 2, 256), (32, 64, 4, 1, 256),
+                        (256, 16, 8, 1, 256), (256, 16, 8, 2, 512), (256, 16, 8, 2, 1024), (512, 8, 8, 4, 256),
+                        (512, 8, 8, 4, 512), (256, 16, 4, 2, 512), (128, 16, 4, 1, 512), (1024, 4, 8, 8, 512))
 
 
 def probe_rms_norm_backward() -> None:
@@ -1123,7 +1126,14 @@ def probe_rms_norm_backward() -> None:
     tile, warps and partial rows (programs per multiprocessor), calling the generic backward directly."""
     from flaggems.plugins.generic import rms_norm as rms
 
-    shipped = (rms.BLOCK_P, rms.BLOCK_C, rms.DWEIGHT_WARPS, rms.PROGRAMS_PER_SM)
+    shipped = tuple(getattr(rms, knob) for knob in RMS_BACKWARD_KNOBS)
+
+    def configure(config: tuple[int, ...]) -> None:
+        for knob, value in zip(RMS_BACKWARD_KNOBS, config, strict=True):
+            setattr(rms, knob, value)
+        rms._BACKWARD.clear()
+        rms._target_programs.cache_clear()
+
     for hidden in RMS_HIDDEN:
         x = torch.randn(4, 512, hidden, device="cuda", dtype=torch.bfloat16)
         w = (1 + 0.1 * torch.randn(hidden, device="cuda")).to(torch.bfloat16)
@@ -1138,11 +1148,16 @@ def probe_rms_norm_backward() -> None:
         print(f"rms H={hidden} torch fwd+bwd: " + ", ".join(f"{k}={v:.1f}" for k, v in sorted(kernels.items())),
               flush=True)
         rstd = torch.rsqrt(x.float().square().mean(-1) + 1e-6)
-        dx, dw = torch.empty_like(x), torch.empty_like(w)
-        for config in RMS_BACKWARD_CONFIGS:
-            rms.BLOCK_P, rms.BLOCK_C, rms.DWEIGHT_WARPS, rms.PROGRAMS_PER_SM = config
-            rms._BACKWARD.clear()
-            rms._target_programs.cache_clear()
+        dx, dw, y = torch.empty_like(x), torch.empty_like(w), torch.empty_like(x)
+
+        def ours_fwd(x=x, w=w, y=y, rstd=rstd):
+            rms.forward(x, None, w, y, None, rstd, 1e-6, 0.0, False)
+
+        kernels = _profile_kernels(ours_fwd, routed=False)
+        RESULTS[f"rms fwd {hidden} ours kernels"] = kernels
+        print(f"rms H={hidden} ours fwd: " + ", ".join(f"{k}={v:.1f}" for k, v in sorted(kernels.items())), flush=True)
+        for config in (shipped, *RMS_BACKWARD_CONFIGS):
+            configure(config)
 
             def ours_bwd(x=x, dy=dy, rstd=rstd, w=w, dx=dx, dw=dw):
                 rms.backward(dy, None, x, rstd, w, dx, dw, 0.0, False)
@@ -1151,9 +1166,7 @@ def probe_rms_norm_backward() -> None:
             RESULTS[f"rms bwd {hidden} ours {config} kernels"] = kernels
             print(f"rms H={hidden} ours bwd {config}: total {sum(kernels.values()):.1f} "
                   + ", ".join(f"{k}={v:.1f}" for k, v in sorted(kernels.items())), flush=True)
-        rms.BLOCK_P, rms.BLOCK_C, rms.DWEIGHT_WARPS, rms.PROGRAMS_PER_SM = shipped
-        rms._BACKWARD.clear()
-        rms._target_programs.cache_clear()
+        configure(shipped)
 
 
 SECTIONS = {
