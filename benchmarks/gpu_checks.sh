@@ -50,10 +50,16 @@ echo "hygon probe exit $?"; grep -E "speedup|geomean|repeat kernels" "$out/vendo
 fi
 if [[ $steps == *" kit "* && ${KIT_JOBS:-1} -gt 1 ]]; then
 echo "== randomized conformance kit: one process per op and implementation, $KIT_JOBS at a time"
-for v in ${KIT_VENDORS:-generic ascend kunlunxin hygon}; do  # a vendor's own implementations; generic: all
-  FLAGGEMS_VENDOR=${v/generic/} python3 -c "from flaggems.testing import random_cases as r
+# a vendor's own implementations (generic: all), and the generic kernels a vendor configures (KIT_TUNED:
+# kunlunxin's elementwise grid reaches the strided copies, hygon's 64-wide wavefront the scan and gathers)
+export KIT_TUNED=${KIT_TUNED-"kunlunxin:copy_ kunlunxin:_to_copy kunlunxin:index_copy kunlunxin:index_copy_
+  hygon:repeat_interleave.self_int hygon:repeat_interleave.Tensor hygon:repeat_interleave.self_Tensor
+  hygon:index_select"}
+for v in ${KIT_VENDORS:-generic ascend kunlunxin hygon}; do
+  FLAGGEMS_VENDOR=${v/generic/} python3 -c "import os; from flaggems.testing import random_cases as r
+tuned = os.environ['KIT_TUNED'].split()
 for op, label in sorted({(t.op, t.label) for t in r.targets()}):
-    print('$v', op, label) if '$v' == 'generic' or label != 'generic' else None"
+    print('$v', op, label) if '$v' == 'generic' or label != 'generic' or f'$v:{op}' in tuned else None"
 done >"$out/kit_targets.txt"
 # KIT_SHARDS="op=k ..." runs a slow op as k processes of KIT_CASES/k cases each, seeds KIT_SEED..KIT_SEED+k-1
 # (different cases; benchmarks/kit_tally.py sums them); other ops as one process of seed KIT_SEED

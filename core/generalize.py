@@ -204,6 +204,17 @@ class _Atoms:
             else:
                 self.group[a], self.scale[a] = a, Fraction(1)
         self.ratios = tuple(ratios)
+        self.derived: dict[tuple[int, int, int], None] = {}  # (atom, mul, add): linear sizes the plan computes
+
+    def derive(self, leaves: list[_Leaf]) -> None:
+        """Note the linear expressions of an atom (other than the atom itself) that some integer of the plan
+        follows: sizes the launcher computed from (``3 * n`` elements out of ``repeat_interleave(x, 3)``),
+        whose steps an integer equal at every point may follow too (:meth:`steady`)."""
+        for leaf in leaves:
+            for a in self.varying:
+                for mul, add in self._linear([p[a] for p in self.points], leaf.values):
+                    if (mul, add) != (1, 0):
+                        self.derived[(a, mul, add)] = None
 
     def _ratio(self, a: int, rep: int) -> Fraction | None:
         """``atoms[a] / atoms[rep]`` when it is the same at every point."""
@@ -328,6 +339,16 @@ class _Atoms:
             floor = next((d for d in DIVISORS if all(x // d == value for x in xs)), None)
             if floor is not None:
                 guards.append((plans.sym(a, 1, 1 - floor, floor, -1), value))
+        for a, mul, add in self.derived:  # the same steps of the sizes the plan computes from the atoms
+            ys = [p[a] * mul + add for p in self.points]
+            if any(y < 0 for y in ys):
+                continue
+            ceil = next((d for d in DIVISORS if all(_cdiv(y, d) == value for y in ys)), None)
+            if ceil is not None:
+                guards.append((plans.sym(a, mul, add, ceil, -1), value))
+            floor = next((d for d in DIVISORS if all(y // d == value for y in ys)), None)
+            if floor is not None:
+                guards.append((plans.sym(a, mul, add + 1 - floor, floor, -1), value))
         return guards
 
     @staticmethod
@@ -342,6 +363,15 @@ class _Atoms:
         if any(step * x + add != v for x, v in zip(xs, values)):
             return []
         return [(step, add)]
+
+
+def _leaves(template: Any) -> list[_Leaf]:
+    """Every :class:`_Leaf` of a merged template."""
+    if isinstance(template, _Leaf):
+        return [template]
+    if isinstance(template, tuple):
+        return [leaf for item in template for leaf in _leaves(item)]
+    return []
 
 
 def _resolve(template: Any, atoms_: _Atoms, steady: dict[tuple[plans.Sym, int], None]) -> Any:
@@ -384,6 +414,7 @@ def generalize(points: Sequence[tuple[tuple[int, ...], Any]]) -> plans.GenericPl
         found = _Atoms([a for a, _ in points])
         if not found.varying:
             return None
+        found.derive(_leaves(template))
         steady: dict[tuple[plans.Sym, int], None] = {}
         plan = _resolve(template, found, steady)
         return plans.GenericPlan("generic", plan, found.pinned, found.ratios, tuple(steady),

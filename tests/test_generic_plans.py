@@ -286,6 +286,33 @@ def test_a_division_exact_at_every_point_stays_exact():
     assert not any(generalize.admits(made, generalize.atoms([torch.empty(2, rows, 128)])) for rows in (427, 301))
 
 
+def test_a_grid_equal_at_every_point_keeps_the_step_of_a_size_the_plan_computes():
+    """``repeat_interleave(x, 3)`` of n elements: 3n outputs in tiles of 4096, so 7 programs at n = 9012, 9228
+    and 9536 (3n up to 28672), 8 at n = 10885. No atom steps there, the output's 3n does: the plan keeps
+    ``cdiv(3n, 4096) == 7``. Before that guard it served 10885 with 7 programs and left the last 3983 outputs
+    unwritten (the CPU kit, seed 500, hygon and generic alike)."""
+    def point(n):
+        return generalize.atoms([torch.empty(n)]), _replay(7, 3 * n)
+
+    made = generalize.generalize([point(n) for n in (9012, 9228, 9536)])
+    assert made is not None and made.plan.steps[0].grid[0] == 7
+    assert (plans.sym(0, 3, 0, 4096, -1), 7) in made.steady
+    assert generalize.admits(made, generalize.atoms([torch.empty(9300)]))
+    assert not generalize.admits(made, generalize.atoms([torch.empty(10885)]))
+
+
+def test_repeat_interleave_of_a_size_past_the_points_tiles_plans_again(compiled_for):
+    """The entry end to end, the kit's sweep: four sizes whose outputs fill 7 tiles, then one that needs 8."""
+    from flaggems.binding import native_scope
+
+    compiled_for(["repeat_interleave.self_int"])
+    for n in (9909, 9012, 9228, 9536, 10885):
+        x = torch.randint(-100, 100, (n,), dtype=torch.int32, device=DEV)
+        got = torch.repeat_interleave(x, 3)
+        with native_scope():
+            assert torch.equal(got, torch.repeat_interleave(x, 3))
+
+
 def test_an_exact_division_keeps_the_points_alignment_up_to_16():
     """Points that are all multiples of 16 also fit ``8 * cdiv(L, 16)``, equal to ``cdiv(L, 2)`` on multiples
     of 16 only: the plan serves those."""
