@@ -6,7 +6,9 @@ For each workload of ``flaggems bench --models`` (same builders, same sides:
 torch eager, ``enable()``, ``enable()`` + ``patch``) it runs two warm-up steps,
 then profiles one step with ``torch.profiler`` and prints the step's wall time,
 the summed CUDA kernel time and the kernels with the most CUDA time per side,
-so a side slower than torch shows which kernels (or how much host time) it adds.
+so a side slower than torch shows which kernels (or how much host time) it adds, and the
+host operations with the most CPU time of their own (``--host N``). ``--warmup N``: untimed steps before
+the profiled one (default: the workload's own warm-up, at least 2; a varlen prefill's 64 new lengths).
 
 ``--exact`` also measures each side's accuracy against an fp32 reference run
 without TF32 (``allow_tf32`` off for cuDNN and matmul): the relative norm error
@@ -50,9 +52,15 @@ def _sync() -> None:
         torch.cuda.synchronize()
 
 
-def _profile(case: models.Case, side: models.Side, top: int) -> dict:
+def _host_table(prof, top: int) -> list[tuple[str, int, float]]:
+    """The ``top`` host operations by their own CPU ms: name, count, ms."""
+    events = sorted(prof.key_averages(), key=lambda e: e.self_cpu_time_total, reverse=True)[:top]
+    return [(e.key, e.count, e.self_cpu_time_total / 1e3) for e in events]
+
+
+def _profile(case: models.Case, side: models.Side, top: int, warmup: int, host: int) -> dict:
     with side.active(case):
-        for _ in range(2):
+        for _ in range(warmup):
             case.step(models.OFF)
         _sync()
         start = time.perf_counter()
@@ -66,7 +74,8 @@ def _profile(case: models.Case, side: models.Side, top: int) -> dict:
             case.step(models.OFF)
             _sync()
     kernel_ms, rows = _kernel_table(prof, top)
-    return {"side": side.name, "wall_ms": wall, "kernel_ms": kernel_ms, "top": rows}
+    return {"side": side.name, "wall_ms": wall, "kernel_ms": kernel_ms, "top": rows,
+            "host": _host_table(prof, host) if host else []}
 
 
 def _accuracy(case: models.Case, sides: list[models.Side]) -> dict:
@@ -89,6 +98,8 @@ def main() -> None:
     parser.add_argument("--top", type=int, default=15)
     parser.add_argument("--exact", action="store_true", help="accuracy against a no-TF32 fp32 reference")
     parser.add_argument("--smoke", action="store_true", help="tiny sizes (a check that it runs)")
+    parser.add_argument("--warmup", type=int, default=None, help="untimed steps first (default: the workload's)")
+    parser.add_argument("--host", type=int, default=0, help="also the N host operations with most own CPU time")
     parser.add_argument("--json")
     args = parser.parse_args()
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -98,13 +109,16 @@ def main() -> None:
         sides = _sides(case)
         for side in sides:
             side.prepare(case)
-        rows = [_profile(case, side, args.top) for side in sides]
+        warmup = args.warmup if args.warmup is not None else max(2, workload.warmup)
+        rows = [_profile(case, side, args.top, warmup, args.host) for side in sides]
         result = {"sides": rows}
         print(f"== {workload.name}")
         for row in rows:
             print(f"  {row['side']:9s} wall {row['wall_ms']:8.2f} ms  kernels {row['kernel_ms']:8.2f} ms")
             for name, count, ms in row["top"]:
                 print(f"      {ms:8.3f} ms  x{count:<5d} {name[:110]}")
+            for name, count, ms in row["host"]:
+                print(f"      host {ms:8.3f} ms  x{count:<5d} {name[:105]}")
         if args.exact:
             result["accuracy"] = _accuracy(case, sides)
             for name, err in result["accuracy"].items():
