@@ -3,7 +3,7 @@
     python benchmarks/profile_step.py sd15_unet_train_fp32 [more workloads] [--json out.json]
 
 For each workload of ``flaggems bench --models`` (same builders, same sides:
-torch eager, ``enable()``, ``enable()`` + ``patch``) it runs two warm-up steps,
+torch eager, ``enable()``, ``enable()`` + ``patch``) it runs the warm-up steps (``--warmup``),
 then profiles one step with ``torch.profiler`` and prints the step's wall time,
 the summed CUDA kernel time and the kernels with the most CUDA time per side,
 so a side slower than torch shows which kernels (or how much host time) it adds, and the

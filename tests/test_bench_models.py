@@ -355,6 +355,16 @@ def test_the_varlen_prefill_walks_the_same_lengths_on_every_side():
     assert case.checked_step().shape[1] == case.params["checked_length"]
 
 
+def test_the_varlen_prefill_serves_no_length_twice_before_all_were_served():
+    """A seeded permutation: the checked length and the next ``high - low`` steps are every length once."""
+    pytest.importorskip("transformers")
+    case = models.build_prefill_varlen(models.QWEN2, torch.device("cpu"), smoke=True)
+    low, high = models.RUNS_SMOKE["varlen"]
+    with models.Side().active(case):
+        walked = [case.step(models.OFF).shape[1] for _ in range(high - low)]
+    assert sorted([case.params["checked_length"], *walked]) == list(range(low, high + 1))
+
+
 def test_patched_side_patches_inside_and_unpatches_after():
     pytest.importorskip("transformers")
     case = models.build_prefill(models.QWEN2, torch.device("cpu"), smoke=True)
