@@ -365,6 +365,18 @@ def test_the_varlen_prefill_serves_no_length_twice_before_all_were_served():
     assert sorted([case.params["checked_length"], *walked]) == list(range(low, high + 1))
 
 
+def test_the_varlen_prefills_twin_cycles_over_the_first_lengths_of_the_same_walk():
+    pytest.importorskip("transformers")
+    new = models.build_prefill_varlen(models.QWEN2, torch.device("cpu"), smoke=True)
+    seen = models.build_prefill_varlen(models.QWEN2, torch.device("cpu"), smoke=True, seen=3)
+    walks = {}
+    for name, case in (("new", new), ("seen", seen)):
+        with models.Side().active(case):
+            walks[name] = [case.step(models.OFF).shape[1] for _ in range(7)]
+    assert walks["seen"] == walks["new"][:3] * 2 + walks["new"][:1] and seen.params["lengths_walked"] == 3
+    assert len(models.select(["qwen2_prefill_varlen*"])) == 2
+
+
 def test_patched_side_patches_inside_and_unpatches_after():
     pytest.importorskip("transformers")
     case = models.build_prefill(models.QWEN2, torch.device("cpu"), smoke=True)

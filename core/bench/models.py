@@ -45,7 +45,9 @@ four sides (estimated from the Llama decode step of ~6 ms and Qwen2's 24 layers;
 * ``{llama,qwen2}_prefill_varlen``: ``model(input_ids)`` on 2 prompts whose
   length is new at every call (a seeded permutation of 97-496: every side sees
   the same sequence), timed after 64 such calls per side, a server's steady
-  state (~18 s);
+  state (~18 s); ``*_prefill_varlen_seen``: the same walk cut to 32 lengths
+  served round and round (each twice before timing): its steady-state twin;
+  both keep attention off cuDNN's SDPA (a plan built per new shape);
 * ``mixtral_prefill_512`` / ``mixtral_decode_b1_dynamic``: the same two
   workloads on a Mixtral-shaped MoE decoder (4 layers, hidden 1024, 8 experts
   of 1792, top 2), a family ``flaggems.patch`` knows by form (~20 s each);
@@ -845,6 +847,13 @@ RUNS_SMOKE = {"prefill": (2, 8), "prompt": 4, "new_tokens": 3, "decode_batch": {
 #: of a Qwen2 layer, hidden 64, 200 new lengths) the plans' misses were 63 in the first 50 lengths (each a
 #: recording, and the first of a kernel variant a Triton compile), 8 in the next 50, 2 in the 100 after.
 VARLEN_WARMUP = 64
+#: The varlen prefill's steady-state twin (``*_prefill_varlen_seen``) cycles over this many lengths of the same
+#: permutation, each served twice in its warm-up: the ratio a new length at every call is held against.
+SEEN_LENGTHS = 32
+#: Attention backends of the varlen prefills. cuDNN's SDPA builds an execution plan per new shape (46.6 ms
+#: over 24 Qwen2 layers at one new length, H200): whichever side meets a length first pays it for all, so
+#: it moved round ratios 0.2-5.7x; flash (then memory-efficient, then math on the CPU) has no such cost.
+VARLEN_SDPA = ("FLASH_ATTENTION", "EFFICIENT_ATTENTION", "MATH")
 
 
 @dataclass(frozen=True)
@@ -972,11 +981,12 @@ def build_prefill(family: Family, device: torch.device, smoke: bool) -> Case:
     return _prefill_case(family, model, ids, {**_llama_params(model, p, ()), "batch": batch, "seq": seq})
 
 
-def build_prefill_varlen(family: Family, device: torch.device, smoke: bool) -> Case:
+def build_prefill_varlen(family: Family, device: torch.device, smoke: bool, seen: int | None = None) -> Case:
     """``model(input_ids)`` on 2 prompts of a new length each call (a seeded permutation of the range, so no
     length comes back before all have been served; each side walks it alike).
 
     The checked step uses the first length; warm-up and timed steps walk the rest, a cursor per side.
+    ``seen``: walk only the next ``seen`` lengths, round and round (the steady state of the same lengths).
     """
     p, runs = family.sizes(smoke), RUNS_SMOKE if smoke else RUNS_FULL
     low, high = runs["varlen"]
@@ -987,17 +997,22 @@ def build_prefill_varlen(family: Family, device: torch.device, smoke: bool) -> C
     cursors: Counter[str] = Counter()
     slot = ModelSlot(model)
 
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    backends = [getattr(SDPBackend, name) for name in VARLEN_SDPA]
+
     def forward(length: int) -> torch.Tensor:
-        with torch.no_grad():
+        with torch.no_grad(), sdpa_kernel(backends):
             return slot.model(input_ids=prompts[length]).logits
 
     def step(phases: Phases) -> torch.Tensor:
         index = cursors[case.side]
         cursors[case.side] += 1
-        return forward(lengths[1 + index % (len(lengths) - 1)])
+        return forward(lengths[1 + index % walked])
 
+    walked = len(lengths) - 1 if seen is None else min(seen, len(lengths) - 1)
     params = {**_llama_params(model, p, ()), "batch": runs["varlen_batch"], "lengths": f"{low}-{high}",
-              "seed": 2, "first_lengths": lengths[:8], "checked_length": lengths[0]}
+              "seed": 2, "first_lengths": lengths[:8], "checked_length": lengths[0],
+              "lengths_walked": walked, "sdpa": "/".join(VARLEN_SDPA).lower()}
     check = prefill_check(Exact(slot, _logits_of(prompts[lengths[0]])))
     case = Case(step, check, params, slot=slot, family=family.name, probe=lambda phases: forward(lengths[0]))
     return case
@@ -1274,6 +1289,10 @@ def _family_workloads(family: Family, first: str) -> tuple[ModelWorkload, ...]:
                       f"{VARLEN_WARMUP} such calls per side",
                       functools.partial(build_prefill_varlen, family), needs_transformers=True,
                       warmup=VARLEN_WARMUP, estimate_s=25 if long_decode else 18),
+        ModelWorkload(f"{family.name}_prefill_varlen_seen", f"{title}: the varlen prefill's walk cut to "
+                      f"{SEEN_LENGTHS} lengths served round and round, each twice in the warm-up (its steady state)",
+                      functools.partial(build_prefill_varlen, family, seen=SEEN_LENGTHS), needs_transformers=True,
+                      warmup=2 * SEEN_LENGTHS, estimate_s=25 if long_decode else 18),
         ModelWorkload(f"{family.name}_train", f"{title}: train mode, model(ids, labels=ids).loss.backward(), "
                       f"batch {train_batch} x {train_seq}, grads zeroed each step",
                       functools.partial(build_train, family), needs_transformers=True,
