@@ -58,7 +58,7 @@ def test_llama_workloads_skip_with_one_line_each_without_transformers(monkeypatc
     monkeypatch.setattr(models, "transformers_available", lambda: False)
     assert main(["bench", "--models", "--smoke", "--only", "llama*"]) == 2  # nothing ran
     skipped = [line for line in capsys.readouterr().out.splitlines() if line.startswith("skipped ")]
-    assert len(skipped) == len(models.select(["llama*"])) == 11
+    assert len(skipped) == len(models.select(["llama*"])) == 12
     assert all("transformers is not installed" in line for line in skipped)
 
 
@@ -375,6 +375,19 @@ def test_the_varlen_prefills_twin_cycles_over_the_first_lengths_of_the_same_walk
             walks[name] = [case.step(models.OFF).shape[1] for _ in range(7)]
     assert walks["seen"] == walks["new"][:3] * 2 + walks["new"][:1] and seen.params["lengths_walked"] == 3
     assert len(models.select(["qwen2_prefill_varlen*"])) == 2
+
+
+def test_the_timed_rounds_of_a_varlen_prefill_never_come_back_to_a_length():
+    """Steps per round fit the lengths left: 9 walked, 2 served in warm-up, 2 rounds of (1 settling + 2 timed)."""
+    pytest.importorskip("transformers")
+    case = models.build_prefill_varlen(models.QWEN2, torch.device("cpu"), smoke=True)
+    sides = [models.Side(), models.FlaggemsSide()]
+    for side in sides:
+        with side.active(case):
+            case.step(models.OFF), case.step(models.OFF)
+    settings = models.Settings(smoke=False, round_ms=1e6)
+    _, steps = models.time_sides(case, sides, torch.device("cpu"), settings, rounds=2)
+    assert steps == 2 and case.fresh_steps() == 1
 
 
 def test_patched_side_patches_inside_and_unpatches_after():

@@ -297,7 +297,9 @@ class Case:
     ``slot`` holds the transformers model (``None`` for plain torch modules: only
     the torch and flaggems sides run) and ``family`` its kind (``llama``,
     ``qwen2``). ``probe`` is the untimed step whose output is checked (default:
-    ``step``). ``side`` names the side running now (set by the side).
+    ``step``). ``side`` names the side running now (set by the side). ``fresh_steps``,
+    where steps walk a sequence of inputs: how many more steps every side can take
+    before an input comes back (the timed rounds fit their steps within it).
     """
 
     step: Callable[[Phases], Any]
@@ -308,6 +310,7 @@ class Case:
     family: str | None = None
     probe: Callable[[Phases], Any] | None = None
     side: str = TORCH
+    fresh_steps: Callable[[], int] | None = None
 
     def checked_step(self) -> Any:
         """One run of ``probe`` (or ``step``), untimed."""
@@ -1014,7 +1017,12 @@ def build_prefill_varlen(family: Family, device: torch.device, smoke: bool, seen
               "seed": 2, "first_lengths": lengths[:8], "checked_length": lengths[0],
               "lengths_walked": walked, "sdpa": "/".join(VARLEN_SDPA).lower()}
     check = prefill_check(Exact(slot, _logits_of(prompts[lengths[0]])))
-    case = Case(step, check, params, slot=slot, family=family.name, probe=lambda phases: forward(lengths[0]))
+
+    def fresh_steps() -> int:
+        return walked - max((n for name, n in cursors.items() if name != "fit"), default=0)
+
+    case = Case(step, check, params, slot=slot, family=family.name, probe=lambda phases: forward(lengths[0]),
+                fresh_steps=fresh_steps if seen is None else None)
     return case
 
 
@@ -1819,6 +1827,8 @@ def time_sides(case: Case, sides: Sequence[Side], device: torch.device, settings
         with sides[0].active(case):
             case.side = "fit"  # its own cursor where steps walk a sequence: torch's stays in step with the others
             steps = settings.steps_for(timed_round(case, device, 1)[case.metrics[0].name])
+        if case.fresh_steps is not None:  # each round also takes one settling step per side
+            steps = max(1, min(steps, case.fresh_steps() // rounds - 1))
     # one step a round too: after a change of side, the SD-1.5 training step ran 50-86 ms over its steady
     # 80 ms (allocator segments and plans of the other side), on torch's side as on flaggems'
     settle = not settings.smoke
