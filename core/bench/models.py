@@ -132,6 +132,7 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import flaggems
@@ -1000,7 +1001,6 @@ def build_prefill_varlen(family: Family, device: torch.device, smoke: bool, seen
     cursors: Counter[str] = Counter()
     slot = ModelSlot(model)
 
-    from torch.nn.attention import SDPBackend, sdpa_kernel
     backends = [getattr(SDPBackend, name) for name in VARLEN_SDPA]
 
     def forward(length: int) -> torch.Tensor:
