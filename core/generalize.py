@@ -324,31 +324,34 @@ class _Atoms:
 
     def steady(self, value: int) -> list[tuple[plans.Sym, int]]:
         """Guards for an integer equal at every point: each ``cdiv(atom, 2**k)`` and ``atom // 2**k`` (the
-        smallest such ``k`` per atom and form) equal to it at every point must stay equal to it."""
+        smallest such ``k`` per atom and form) equal to it at every point must stay equal to it; the same
+        for the linear sizes the plan computes from an atom (:meth:`derive`)."""
         guards = []
         for a in self.varying:
             xs = [p[a] for p in self.points]
             if any(x < 0 for x in xs) or a in self.same:
                 continue  # an atom equal to its group's first (the ratio guard) adds no guard of its own
-            ceil = next((d for d in DIVISORS if all(_cdiv(x, d) == value for x in xs)), None)
-            if ceil is not None:
-                guards.append((plans.sym(a, 1, 0, ceil, -1), value))
+            guards += self._steps(a, 1, 0, value)
             product = next((d for d in DIVISORS if _blocks_of(value, [_cdiv(x, d) for x in xs])), None)
             if product is not None:  # value = m * cdiv(atom, d) (rows times column blocks): its blocks must stay
                 guards.append((plans.sym(a, 1, 0, product, -1), _cdiv(xs[0], product)))
-            floor = next((d for d in DIVISORS if all(x // d == value for x in xs)), None)
-            if floor is not None:
-                guards.append((plans.sym(a, 1, 1 - floor, floor, -1), value))
-        for a, mul, add in self.derived:  # the same steps of the sizes the plan computes from the atoms
-            ys = [p[a] * mul + add for p in self.points]
-            if any(y < 0 for y in ys):
-                continue
-            ceil = next((d for d in DIVISORS if all(_cdiv(y, d) == value for y in ys)), None)
-            if ceil is not None:
-                guards.append((plans.sym(a, mul, add, ceil, -1), value))
-            floor = next((d for d in DIVISORS if all(y // d == value for y in ys)), None)
-            if floor is not None:
-                guards.append((plans.sym(a, mul, add + 1 - floor, floor, -1), value))
+        for a, mul, add in self.derived:
+            guards += self._steps(a, mul, add, value)
+        return guards
+
+    def _steps(self, a: int, mul: int, add: int, value: int) -> list[tuple[plans.Sym, int]]:
+        """``cdiv(y, d) == value`` and ``y // d == value`` for ``y = mul * atom + add``, the smallest ``d`` of
+        each form that holds at every point (none where some ``y`` is negative)."""
+        ys = [p[a] * mul + add for p in self.points]
+        if any(y < 0 for y in ys):
+            return []
+        guards = []
+        ceil = next((d for d in DIVISORS if all(_cdiv(y, d) == value for y in ys)), None)
+        if ceil is not None:
+            guards.append((plans.sym(a, mul, add, ceil, -1), value))
+        floor = next((d for d in DIVISORS if all(y // d == value for y in ys)), None)
+        if floor is not None:
+            guards.append((plans.sym(a, mul, add + 1 - floor, floor, -1), value))
         return guards
 
     @staticmethod

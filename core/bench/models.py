@@ -999,8 +999,8 @@ def build_prefill_varlen(family: Family, device: torch.device, smoke: bool, seen
     ids = _token_ids(p, runs["varlen_batch"], high, device)
     prompts = {length: ids[:, :length].contiguous() for length in set(lengths)}
     cursors: Counter[str] = Counter()
+    walked = len(lengths) - 1 if seen is None else min(seen, len(lengths) - 1)
     slot = ModelSlot(model)
-
     backends = [getattr(SDPBackend, name) for name in VARLEN_SDPA]
 
     def forward(length: int) -> torch.Tensor:
@@ -1012,7 +1012,6 @@ def build_prefill_varlen(family: Family, device: torch.device, smoke: bool, seen
         cursors[case.side] += 1
         return forward(lengths[1 + index % walked])
 
-    walked = len(lengths) - 1 if seen is None else min(seen, len(lengths) - 1)
     params = {**_llama_params(model, p, ()), "batch": runs["varlen_batch"], "lengths": f"{low}-{high}",
               "seed": 2, "first_lengths": lengths[:8], "checked_length": lengths[0],
               "lengths_walked": walked, "sdpa": "/".join(VARLEN_SDPA).lower()}
