@@ -17,10 +17,11 @@ lazily) or are added with :func:`register_cases`. Use from pytest::
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import pkgutil
 import zlib
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -184,17 +185,36 @@ class Declined(Exception):
 
 
 def run_native(op: str, case: Case, dev: torch.device) -> tuple[Any, Inputs]:
-    """Run the native kernel of ``op`` on fresh inputs; return (result, inputs)."""
+    """Run the native kernel of ``op`` on fresh inputs; return (result, inputs).
+
+    On the CPU torch's own (ATen) kernels answer, never oneDNN's: torch hands a contiguous fp32 GELU of two or
+    more elements to oneDNN, and a bf16 or fp16 one where the CPU has oneDNN's bf16 or fp16 instructions
+    (AVX512-BF16, AVX512-FP16/AMX), whose ``gelu_erf`` answers NaN at ``+inf`` where ATen's kernel, CUDA's and
+    float64 answer ``inf``. The expected values would otherwise depend on which CPU runs the kit.
+    """
     from ..binding import NativeKernel
     from ..runtime import RUNTIME
 
     native = NativeKernel.capture(op, RUNTIME.active_backend().dispatch_key)
     args, kwargs = _build(case, dev)
+    call_args = args
     if NATIVE_CONTIGUOUS_ON_GPU in case.tags and dev.type != "cpu":
         # torch's kernel reads contiguous copies; the caller's tensors (compared after the call) keep their layout
-        copies = tuple(a.contiguous() if isinstance(a, torch.Tensor) else a for a in args)
-        return native(*copies, **kwargs), (args, kwargs)
-    return native(*args, **kwargs), (args, kwargs)
+        call_args = tuple(a.contiguous() if isinstance(a, torch.Tensor) else a for a in args)
+    with _aten_cpu_kernels():
+        return native(*call_args, **kwargs), (args, kwargs)
+
+
+@contextlib.contextmanager
+def _aten_cpu_kernels() -> Iterator[None]:
+    """oneDNN off inside (only that flag: ``torch.backends.mkldnn.flags`` also resets its TF32 and determinism
+    settings, with a warning)."""
+    enabled = torch._C._get_mkldnn_enabled()
+    torch._C._set_mkldnn_enabled(False)
+    try:
+        yield
+    finally:
+        torch._C._set_mkldnn_enabled(enabled)
 
 
 def run_impl(item: Item, dev: torch.device) -> tuple[Any, Inputs]:
