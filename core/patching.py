@@ -212,17 +212,60 @@ class PatchReport:
 
 
 class _Undo:
-    """The inverse of one :func:`patch`: instance ``forward`` attributes set, module functions replaced."""
+    """The inverse of one :func:`patch`: instance ``forward`` attributes set, module functions replaced.
 
-    def __init__(self) -> None:
+    A copy of the model (``copy.deepcopy``, ``pickle``, ``torch.save`` then ``torch.load``) carries a copy of
+    it that holds the module functions again, for the copy's lifetime."""
+
+    def __init__(self, model: nn.Module) -> None:
+        self.model = weakref.ref(model)  # no cycle: a model nobody holds is freed (and its finalizer runs) at once
         self.forwards: list[nn.Module] = []
-        self.functions: list[tuple[str, str]] = []  # (module name, attribute)
+        self.functions: list[tuple[str, str, Callable[..., Any]]] = []  # (module name, attribute, replacement)
         self.release: weakref.finalize | None = None  # gives the module functions back (unpatch, or model freed)
+
+    def hold(self) -> None:
+        """Replace the module functions (or count one more user of them) until :meth:`release` or the model
+        is freed (the finalizer holds no model)."""
+        for module_name, attr, replacement in self.functions:
+            _replace_function(module_name, attr, replacement)
+        held = [(module_name, attr) for module_name, attr, _ in self.functions]
+        self.release = weakref.finalize(self.model(), _restore_functions, held)
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"model": self.model(), "forwards": self.forwards, "functions": self.functions}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state, model=weakref.ref(state["model"]))
+        for module_name, _, _ in self.functions:
+            importlib.import_module(module_name)  # a fresh process: the modeling module the copy's classes use
+        self.hold()
 
 
 # Module functions replaced while at least one patched model uses them: (module, attr) -> (original, users).
 _FUNCTIONS: dict[tuple[str, str], list[Any]] = {}
 _LOCK = threading.Lock()
+
+
+class PatchedForward:
+    """What a patched module's ``forward`` is bound to: the module and the few values its fused form needs, as
+    attributes (no closure), so that ``copy.deepcopy``, ``pickle`` and ``torch.save`` of a patched model copy
+    the patch with the model, bound to the copy's modules. The flaggems operators it calls are kept by name
+    across pickling (torch's operator handles do not pickle)."""
+
+    def __init__(self, module: nn.Module) -> None:
+        self.module = module
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {key: _OpName(value.__name__.split(".")[0]) if isinstance(value, torch._ops.OpOverload) else value
+                for key, value in self.__dict__.items()}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update({key: ops.overload(value) if isinstance(value, _OpName) else value
+                              for key, value in state.items()})
+
+
+class _OpName(str):
+    """A flaggems operator's name in a pickled :class:`PatchedForward` (resolved again when loaded)."""
 
 
 def _set_forward(module: nn.Module, forward: Callable[..., Any], kind: str, undo: _Undo) -> None:
@@ -231,15 +274,21 @@ def _set_forward(module: nn.Module, forward: Callable[..., Any], kind: str, undo
     undo.forwards.append(module)
 
 
+class _NormForward(PatchedForward):
+    """An RMSNorm through ``flaggems::rms_norm`` with its family's rounding."""
+
+    def __init__(self, module: nn.Module, kind: NormKind) -> None:
+        super().__init__(module)
+        self.op = ops.overload("rms_norm")
+        self.eps = float(getattr(module, kind.eps_attr))
+        self.offset, self.cast_first = kind.weight_offset, kind.cast_first
+
+    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        return self.op(hidden_states, self.module.weight, self.eps, self.offset, self.cast_first)
+
+
 def _norm_forward(module: nn.Module, kind: NormKind) -> Callable[[torch.Tensor], torch.Tensor]:
-    op = ops.overload("rms_norm")
-    eps = float(getattr(module, kind.eps_attr))
-    offset, cast_first = kind.weight_offset, kind.cast_first
-
-    def forward(hidden_states: torch.Tensor) -> torch.Tensor:
-        return op(hidden_states, module.weight, eps, offset, cast_first)
-
-    return forward
+    return _NormForward(module, kind).forward
 
 
 class _Normalised(ast.NodeTransformer):
@@ -361,17 +410,28 @@ def _mlp_reason(module: nn.Module, form: str = "mlp") -> str | None:
     return None
 
 
+class _MlpForward(PatchedForward):
+    """A gated MLP, ``down(act(gate(x)) * up(x))``, with the activation and the product in one fused call."""
+
+    def __init__(self, module: nn.Module, form: str) -> None:
+        super().__init__(module)
+        self.op = ops.overload(_GLU_OPS[_activation(module, _MLP_LAYOUTS[form][1])])
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        module = self.module
+        return module.down_proj(self.op(module.gate_proj(x), module.up_proj(x)))
+
+
+class _GateUpMlpForward(_MlpForward):
+    """Phi-3's MLP: ``up * act(gate)`` of one projection's halves."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate, up = self.module.gate_up_proj(x).chunk(2, dim=-1)
+        return self.module.down_proj(self.op(gate, up))
+
+
 def _mlp_forward(module: nn.Module, form: str = "mlp") -> Callable[[torch.Tensor], torch.Tensor]:
-    op = ops.overload(_GLU_OPS[_activation(module, _MLP_LAYOUTS[form][1])])
-
-    def forward(x: torch.Tensor) -> torch.Tensor:
-        return module.down_proj(op(module.gate_proj(x), module.up_proj(x)))
-
-    def forward_gate_up(x: torch.Tensor) -> torch.Tensor:  # Phi-3's: ``up * act(gate)`` of one projection's halves
-        gate, up = module.gate_up_proj(x).chunk(2, dim=-1)
-        return module.down_proj(op(gate, up))
-
-    return forward_gate_up if form == "gate_up_mlp" else forward
+    return (_GateUpMlpForward if form == "gate_up_mlp" else _MlpForward)(module, form).forward
 
 
 def _forwarded(layer: nn.Module) -> list[str]:
@@ -413,24 +473,32 @@ def _layer_forward(layer: nn.Module, sandwich: bool = False) -> Callable[..., to
     """The layer with its residual add and the norm after it in one ``flaggems::add_rms_norm``: Llama's form
     (the post-attention norm), or Gemma 2's ``sandwich`` (the attention's and the MLP's outputs normed before
     each residual add; the pre-feedforward norm fused)."""
-    op = ops.overload("add_rms_norm")
-    norm = layer.pre_feedforward_layernorm if sandwich else layer.post_attention_layernorm
-    kind = _norm_kind(norm)
-    eps = float(getattr(norm, kind.eps_attr))
-    original = type(layer).forward
+    return _LayerForward(layer, sandwich).forward
 
-    def forward(hidden_states: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
+
+class _LayerForward(PatchedForward):
+    """A pre-norm decoder layer whose residual add and the norm after it are one ``flaggems::add_rms_norm``."""
+
+    def __init__(self, layer: nn.Module, sandwich: bool) -> None:
+        super().__init__(layer)
+        self.op, self.sandwich = ops.overload("add_rms_norm"), sandwich
+        self.norm_name = "pre_feedforward_layernorm" if sandwich else "post_attention_layernorm"
+        kind = _norm_kind(getattr(layer, self.norm_name))
+        self.eps, self.offset, self.cast_first = float(getattr(getattr(layer, self.norm_name), kind.eps_attr)), \
+            kind.weight_offset, kind.cast_first
+
+    def forward(self, hidden_states: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
+        layer = self.module
         if args:  # arguments passed by position: the class's own forward knows where they go
-            return original(layer, hidden_states, *args, **kwargs)
+            return type(layer).forward(layer, hidden_states, *args, **kwargs)
         residual = hidden_states
         hidden_states, _ = layer.self_attn(hidden_states=layer.input_layernorm(hidden_states), **kwargs)
-        if sandwich:
+        if self.sandwich:
             hidden_states = layer.post_attention_layernorm(hidden_states)
-        hidden_states, residual = op(hidden_states, residual, norm.weight, eps, kind.weight_offset, kind.cast_first)
+        weight = getattr(layer, self.norm_name).weight
+        hidden_states, residual = self.op(hidden_states, residual, weight, self.eps, self.offset, self.cast_first)
         hidden_states = layer.mlp(hidden_states)
-        return residual + (layer.post_feedforward_layernorm(hidden_states) if sandwich else hidden_states)
-
-    return forward
+        return residual + (layer.post_feedforward_layernorm(hidden_states) if self.sandwich else hidden_states)
 
 
 def _folded_source(cls: type, method: str = "forward") -> str | None:
@@ -469,14 +537,30 @@ def _group_norm_silu(norm: nn.GroupNorm, x: torch.Tensor) -> torch.Tensor:
     return _GROUP_NORM_SILU(x, norm.num_groups, norm.weight, norm.bias, norm.eps)
 
 
+class _GroupNormSiluForward(PatchedForward):
+    """A GroupNorm whose following SiLU it computes too (the UNet's ``conv_norm_out``)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return _group_norm_silu(self.module, x)
+
+
 def _resnet_forward(block: nn.Module) -> Callable[..., torch.Tensor]:
     """``ResnetBlock2D.forward`` with its GroupNorm-then-SiLU pairs fused (the same steps otherwise)."""
-    original = type(block).forward
-    both = block.time_embedding_norm == "default"
+    return _ResnetForward(block).forward
 
-    def forward(input_tensor: torch.Tensor, temb: torch.Tensor | None, *args: Any, **kwargs: Any) -> torch.Tensor:
+
+class _ResnetForward(PatchedForward):
+    """A diffusers ``ResnetBlock2D`` with ``flaggems::group_norm_silu`` for its norm-then-SiLU pairs."""
+
+    def __init__(self, block: nn.Module) -> None:
+        super().__init__(block)
+        self.both = block.time_embedding_norm == "default"
+
+    def forward(self, input_tensor: torch.Tensor, temb: torch.Tensor | None, *args: Any,
+                **kwargs: Any) -> torch.Tensor:
+        block = self.module
         if args or kwargs.get("scale") is not None:  # the deprecated ``scale``: the class's forward warns about it
-            return original(block, input_tensor, temb, *args, **kwargs)
+            return type(block).forward(block, input_tensor, temb, *args, **kwargs)
         hidden = _group_norm_silu(block.norm1, input_tensor)
         if block.upsample is not None:
             if hidden.shape[0] >= 64:  # as diffusers: its nearest upsampling fails on large channels_last batches
@@ -487,7 +571,7 @@ def _resnet_forward(block: nn.Module) -> Callable[..., torch.Tensor]:
         hidden = block.conv1(hidden)
         if block.time_emb_proj is not None:
             temb = block.time_emb_proj(temb if block.skip_time_act else block.nonlinearity(temb))[:, :, None, None]
-        if both:
+        if self.both:
             hidden = _group_norm_silu(block.norm2, hidden if temb is None else hidden + temb)
         else:
             if temb is None:
@@ -500,8 +584,6 @@ def _resnet_forward(block: nn.Module) -> Callable[..., torch.Tensor]:
         output = input_tensor + hidden
         # x / 1.0 is x bit for bit (and its gradient the identity): SD's blocks skip a kernel and a backward node
         return output if block.output_scale_factor == 1.0 else output / block.output_scale_factor
-
-    return forward
 
 
 def _geglu_reason(module: nn.Module) -> str | None:
@@ -529,16 +611,22 @@ def _npu_in_diffusers() -> bool:
 
 def _geglu_forward(module: nn.Module) -> Callable[..., torch.Tensor]:
     """``GEGLU.forward``: the projection, then ``gelu(gate) * hidden`` of its halves in one ``gelu_mul`` call."""
-    original = type(module).forward
-    op = ops.overload("gelu_mul")
+    return _GegluForward(module).forward
 
-    def forward(hidden_states: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
+
+class _GegluForward(PatchedForward):
+    """diffusers' ``GEGLU`` with ``flaggems::gelu_mul`` reading its projection's halves in place."""
+
+    def __init__(self, module: nn.Module) -> None:
+        super().__init__(module)
+        self.op = ops.overload("gelu_mul")
+
+    def forward(self, hidden_states: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
+        module = self.module
         if args or kwargs.get("scale") is not None:  # the deprecated ``scale``: the class's forward warns about it
-            return original(module, hidden_states, *args, **kwargs)
+            return type(module).forward(module, hidden_states, *args, **kwargs)
         hidden, gate = module.proj(hidden_states).chunk(2, dim=-1)
-        return op(gate, hidden)
-
-    return forward
+        return self.op(gate, hidden)
 
 
 def _attention_reason(attention: nn.Module) -> str | None:
@@ -563,13 +651,23 @@ def _attention_reason(attention: nn.Module) -> str | None:
 def _attention_forward(attention: nn.Module) -> Callable[..., torch.Tensor]:
     """``Attention.forward`` with an ``AttnProcessor2_0``, inline: the same calls, less the division by a
     ``rescale_output_factor`` of 1.0 and the per-call ``inspect.signature`` of the processor (19 µs on CPU)."""
-    original, processor_type = type(attention).forward, type(attention.processor)
+    return _AttentionForward(attention).forward
 
-    def forward(hidden_states: torch.Tensor, encoder_hidden_states: torch.Tensor | None = None,
+
+class _AttentionForward(PatchedForward):
+    """diffusers' plain ``Attention`` (``AttnProcessor2_0``), its processor's steps inline."""
+
+    def __init__(self, attention: nn.Module) -> None:
+        super().__init__(attention)
+        self.processor_type = type(attention.processor)
+
+    def forward(self, hidden_states: torch.Tensor, encoder_hidden_states: torch.Tensor | None = None,
                 attention_mask: torch.Tensor | None = None, **kwargs: Any) -> torch.Tensor:
+        attention = self.module
         if (kwargs or attention_mask is not None or hidden_states.ndim != 3
-                or type(attention.processor) is not processor_type):  # another processor set since: its own path
-            return original(attention, hidden_states, encoder_hidden_states, attention_mask, **kwargs)
+                or type(attention.processor) is not self.processor_type):  # another processor set since: its own
+            return type(attention).forward(attention, hidden_states, encoder_hidden_states, attention_mask,
+                                           **kwargs)
         context = hidden_states if encoder_hidden_states is None else encoder_hidden_states
         batch, heads = context.shape[0], attention.heads
         query, key, value = attention.to_q(hidden_states), attention.to_k(context), attention.to_v(context)
@@ -580,8 +678,6 @@ def _attention_forward(attention: nn.Module) -> Callable[..., torch.Tensor]:
         hidden = attention.to_out[1](attention.to_out[0](hidden))
         factor = attention.rescale_output_factor
         return hidden if factor == 1.0 else hidden / factor  # x / 1.0 is x bit for bit
-
-    return forward
 
 
 def _unet_reason(unet: nn.Module) -> str | None:
@@ -667,15 +763,20 @@ def _rotary_candidate(attention: nn.Module) -> bool:
     return name in ATTENTIONS or (name.endswith("Attention") and hasattr(module, "apply_rotary_pos_emb"))
 
 
-def _replace_function(module_name: str, attr: str, replacement: Any, undo: _Undo) -> None:
+def _replace_function(module_name: str, attr: str, replacement: Any) -> None:
+    """``module.attr`` computed by ``replacement`` until :func:`_restore_functions`. A function is replaced; a
+    module function that the ``kernels`` hub wrapper made a module keeps its object, whose ``forward`` is
+    replaced: ``kernels`` pickles each attention's own copy of it by rebuilding ``type(module.attr)()``."""
     with _LOCK:
         entry = _FUNCTIONS.get((module_name, attr))
         if entry is None:
             module = sys.modules[module_name]
             entry = _FUNCTIONS[(module_name, attr)] = [getattr(module, attr), 0]
-            setattr(module, attr, replacement)
+            if isinstance(entry[0], nn.Module):
+                object.__setattr__(entry[0], "forward", replacement)
+            else:
+                setattr(module, attr, replacement)
         entry[1] += 1
-    undo.functions.append((module_name, attr))
 
 
 def _restore_functions(functions: list[tuple[str, str]]) -> None:
@@ -685,8 +786,18 @@ def _restore_functions(functions: list[tuple[str, str]]) -> None:
             entry = _FUNCTIONS[(module_name, attr)]
             entry[1] -= 1
             if entry[1] == 0:
-                setattr(sys.modules[module_name], attr, entry[0])
+                if isinstance(entry[0], nn.Module):
+                    entry[0].__dict__.pop("forward", None)
+                else:
+                    setattr(sys.modules[module_name], attr, entry[0])
                 del _FUNCTIONS[(module_name, attr)]
+
+
+def served_function(module: Any, attr: str) -> Callable[..., Any] | None:
+    """What computes ``module.attr`` (a module function :func:`patch` may replace): the function, or the
+    ``forward`` of the module the ``kernels`` hub wrapper made of it."""
+    value = getattr(module, attr, None)
+    return value.forward if isinstance(value, nn.Module) else value
 
 
 #: diffusers modules patched one instance at a time: class names -> (why not, the forward, its mark, report label).
@@ -727,7 +838,7 @@ def patch(model: nn.Module) -> PatchReport:
     if getattr(model, UNDO, None) is not None:
         report.already = True
         return report
-    undo = _Undo()
+    undo = _Undo(model)
     layer_norms: set[int] = set()
     for name, module in model.named_modules():
         recognised = _recognised(module)
@@ -775,8 +886,9 @@ def patch(model: nn.Module) -> PatchReport:
         elif _rotary_candidate(module):
             reason = _rotary_reason(module)
             if reason is None:
-                if (type(module).__module__, "apply_rotary_pos_emb") not in undo.functions:
-                    _replace_function(type(module).__module__, "apply_rotary_pos_emb", _rotary, undo)
+                held = (type(module).__module__, "apply_rotary_pos_emb", _rotary)
+                if held not in undo.functions:
+                    undo.functions.append(held)
                 report.patched["rotary_embedding (attention)"] += 1
             else:
                 report.skipped.append((name, f"{cls}: {reason}"))
@@ -792,7 +904,7 @@ def patch(model: nn.Module) -> PatchReport:
             reason = _unet_reason(module)
             if reason is None:
                 norm = module.conv_norm_out
-                _set_forward(norm, lambda x, norm=norm: _group_norm_silu(norm, x), "group_norm_silu", undo)
+                _set_forward(norm, _GroupNormSiluForward(norm).forward, "group_norm_silu", undo)
                 _set_forward(module.conv_act, _identity, "fused_into_norm", undo)
                 report.patched["group_norm_silu (unet output)"] += 1
             else:
@@ -802,8 +914,7 @@ def patch(model: nn.Module) -> PatchReport:
                                    "layer and rotary embedding, Gemma's RMSNorm; diffusers' ResnetBlock2D, "
                                    "GEGLU and Attention); the model is left untouched"))
         return report
-    # A model freed without unpatch() gives its module functions back too (the finalizer holds no model).
-    undo.release = weakref.finalize(model, _restore_functions, list(undo.functions))
+    undo.hold()
     object.__setattr__(model, UNDO, undo)
     return report
 

@@ -63,12 +63,12 @@ def test_patch_reports_every_fused_kind_and_keeps_results_and_state(family):
 def test_patch_is_idempotent_and_unpatch_restores_exactly(family):
     model = tiny(family)
     module = sys.modules[type(model.model.layers[0].self_attn).__module__]
-    original = module.apply_rotary_pos_emb
+    original, served = module.apply_rotary_pos_emb, rotary_of(module)
     assert flaggems.patch(model).patched
     assert flaggems.patch(model).already
-    assert module.apply_rotary_pos_emb is not original and forward_attrs(model) > 0
+    assert rotary_of(module) is patching._rotary and forward_attrs(model) > 0
     assert flaggems.unpatch(model)
-    assert module.apply_rotary_pos_emb is original
+    assert module.apply_rotary_pos_emb is original and rotary_of(module) == served
     assert forward_attrs(model) == 0
     assert not any(patching.MARK in m.__dict__ for m in model.modules())
     assert not flaggems.unpatch(model)
@@ -77,13 +77,19 @@ def test_patch_is_idempotent_and_unpatch_restores_exactly(family):
 def test_a_module_function_stays_patched_while_another_model_uses_it():
     first, second = tiny("Llama"), tiny("Llama")
     module = sys.modules[type(first.model.layers[0].self_attn).__module__]
-    original = module.apply_rotary_pos_emb
+    original, served = module.apply_rotary_pos_emb, rotary_of(module)
     flaggems.patch(first)
     flaggems.patch(second)
     flaggems.unpatch(first)
-    assert module.apply_rotary_pos_emb is not original
+    assert rotary_of(module) is patching._rotary
     flaggems.unpatch(second)
-    assert module.apply_rotary_pos_emb is original
+    assert module.apply_rotary_pos_emb is original and rotary_of(module) == served
+
+
+def rotary_of(module) -> object:
+    """What computes the modeling module's ``apply_rotary_pos_emb`` (the function, or the forward of the module
+    transformers' ``kernels`` hub wrapper made of it)."""
+    return patching.served_function(module, "apply_rotary_pos_emb")
 
 
 def test_an_unknown_model_is_left_untouched():
@@ -332,3 +338,85 @@ def test_a_form_is_the_code_not_its_comments_docstrings_or_name(tmp_path):
                                          "+ self.variance_epsilon -> + 2 * self.variance_epsilon")(8))
     report = flaggems.patch(changed)
     assert not report.patched and not report.by_form and "left untouched" in str(report)
+
+
+def _model_of(family: str) -> nn.Module:
+    return form_family(family) if family in FORM_FAMILIES else tiny(family)
+
+
+@pytest.mark.parametrize("family", ["Llama", "Qwen2", "Mistral", "Gemma", "Phi3"])
+@pytest.mark.parametrize("enabled", [False, True], ids=["disabled", "enabled"])
+def test_a_deep_copy_of_a_patched_model_computes_with_its_own_modules(family, enabled):
+    import copy
+
+    model, prompt = _model_of(family), ids()
+    flaggems.patch(model)
+    twin = copy.deepcopy(model)
+    with torch.no_grad(), flaggems.enabled() if enabled else _nothing():
+        want = twin(prompt).logits
+        for parameter in model.parameters():
+            parameter.add_(1)  # the original changes: the copy must not see it
+        got = twin(prompt).logits
+        edited = model(prompt).logits
+    torch.testing.assert_close(got, want, rtol=0, atol=0)
+    assert not torch.allclose(edited, want)
+    patched = [m for m in twin.modules() if "forward" in m.__dict__]
+    assert patched and all(m.forward.__self__.module is m for m in patched)  # bound to the copy's own modules
+    assert patching.is_patched(twin) and flaggems.unpatch(twin) and forward_attrs(twin) == 0
+    assert patching.is_patched(model) and forward_attrs(model) > 0
+
+
+def _nothing():
+    import contextlib
+
+    return contextlib.nullcontext()
+
+
+@pytest.mark.parametrize("family", ["Llama", "Phi3"])
+def test_a_patched_model_pickles_and_loads_patched_with_equal_results(family, tmp_path):
+    import pickle
+
+    model, prompt = _model_of(family), ids()
+    report = flaggems.patch(model)
+    with torch.no_grad():
+        want = model(prompt).logits
+    loaded = pickle.loads(pickle.dumps(model))
+    torch.save(model, tmp_path / "model.pt")
+    reloaded = torch.load(tmp_path / "model.pt", weights_only=False)
+    for copy_ in (loaded, reloaded):
+        with torch.no_grad():
+            torch.testing.assert_close(copy_(prompt).logits, want, rtol=0, atol=0)
+        assert patching.is_patched(copy_) and forward_attrs(copy_) == forward_attrs(model)
+    module = sys.modules[type(model.model.layers[0].self_attn).__module__]
+    if report.patched["rotary_embedding (attention)"]:
+        flaggems.unpatch(model)
+        flaggems.unpatch(loaded)
+        assert rotary_of(module) is patching._rotary  # the reloaded copy still holds it
+        flaggems.unpatch(reloaded)
+        assert rotary_of(module) is not patching._rotary
+
+
+def test_a_model_saved_patched_loads_patched_in_a_fresh_process(tmp_path):
+    import subprocess
+    import textwrap
+
+    model, prompt = tiny("Llama"), ids()
+    flaggems.patch(model)
+    with torch.no_grad():
+        torch.save({"model": model, "prompt": prompt, "logits": model(prompt).logits}, tmp_path / "saved.pt")
+    script = textwrap.dedent(f"""
+        import sys, torch
+        saved = torch.load({str(tmp_path / "saved.pt")!r}, weights_only=False)
+        model = saved["model"]
+        module = sys.modules[type(model.model.layers[0].self_attn).__module__]
+        from flaggems import patching
+        assert patching.served_function(module, "apply_rotary_pos_emb") is patching._rotary
+        with torch.no_grad():
+            torch.testing.assert_close(model(saved["prompt"]).logits, saved["logits"], rtol=0, atol=0)
+        import flaggems
+        assert patching.is_patched(model) and flaggems.unpatch(model)
+        assert patching.served_function(module, "apply_rotary_pos_emb") is not patching._rotary
+        print("ok")
+    """)
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0 and done.stdout.strip().endswith("ok"), done.stderr[-3000:]

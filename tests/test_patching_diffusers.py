@@ -311,3 +311,21 @@ def test_an_inline_attention_leaves_masks_other_processors_and_other_forms_to_di
         finally:
             flaggems.unpatch(model)
     assert forward_attrs(model) == 0
+
+
+def test_a_patched_unet_deep_copies_and_pickles_with_its_own_modules():
+    import copy
+    import pickle
+
+    model = tiny_unet()
+    flaggems.patch(model)
+    with torch.no_grad():
+        want = model(**inputs()).sample
+        twin, loaded = copy.deepcopy(model), pickle.loads(pickle.dumps(model))
+        for parameter in model.parameters():
+            parameter.add_(1)
+        for other in (twin, loaded):
+            torch.testing.assert_close(other(**inputs()).sample, want, rtol=0, atol=0)
+            patched = [m for m in other.modules() if "forward" in m.__dict__ and hasattr(m.forward, "__self__")]
+            assert patched and all(m.forward.__self__.module is m for m in patched)
+            assert flaggems.unpatch(other) and forward_attrs(other) == 0
