@@ -52,14 +52,17 @@ def _runtime():
     return RUNTIME
 
 
-def enable(include: Iterable[str] | None = None, exclude: Iterable[str] | None = None) -> None:
+def enable(include: Iterable[str] | str | None = None, exclude: Iterable[str] | str | None = None) -> None:
     """Route aten operators to flaggems implementations.
 
     Args:
-        include: op names to route (``"copy_"``, ``"repeat_interleave.Tensor"``);
-            ``None`` routes every op that has an implementation.
-        exclude: op names to leave native. Both take precedence over the
-            environment and the routes file.
+        include: op names to route (``"copy_"``, ``["copy_", "repeat_interleave.Tensor"]``;
+            a string is one name); ``None`` routes every op that has an implementation.
+        exclude: op names to leave native (the same forms). Both take precedence over
+            the environment and the routes file.
+
+    Raises ``TypeError`` for an ``include``/``exclude`` that is neither a name nor an
+    iterable of names, ``ValueError`` for an invalid ``FLAGGEMS_*`` value.
 
     Idempotent and thread-safe: calling it again with the same arguments does
     nothing; with other arguments it re-routes.
@@ -95,8 +98,9 @@ def is_enabled() -> bool:
 
 
 @contextlib.contextmanager
-def enabled(include: Iterable[str] | None = None, exclude: Iterable[str] | None = None) -> Iterator[None]:
-    """Context manager: ``enable(include, exclude)`` inside, the previous state after."""
+def enabled(include: Iterable[str] | str | None = None,
+            exclude: Iterable[str] | str | None = None) -> Iterator[None]:
+    """Context manager: ``enable(include, exclude)`` inside (the same arguments), the previous state after."""
     runtime = _runtime()
     with runtime.lock:
         previous = runtime.enabled_with
@@ -137,17 +141,20 @@ def routes(op: str | None = None) -> list[dict[str, Any]]:
     """Per op: the implementation chain, the one chosen first, and why.
 
     Shows the routes in force when enabled, otherwise those ``enable()`` would
-    install. ``op`` narrows the answer to one operator. ``declined`` counts
+    install. ``op`` narrows the answer to one operator: an aten name with or
+    without ``aten::`` (``"copy_"``, ``"aten::add.Tensor"``), or one of flaggems'
+    own, bare or with ``flaggems::`` (``"rms_norm"`` also means
+    ``flaggems::rms_norm``). ``declined`` counts
     the declines seen since ``enable()``, by implementation and reason (calls
     on the Python entry; layouts first seen, under the compiled entry).
     """
     from .chain import declines_of
-    from .policy import normalize_op
+    from .policy import op_candidates
 
     table = _runtime().routes()
-    wanted = None if op is None else normalize_op(op)
+    wanted = None if op is None else op_candidates(op)
     return [{**route.as_dict(), "declined": declines_of(name)} for name, route in table.items()
-            if wanted in (None, name)]
+            if wanted is None or name in wanted]
 
 
 def info() -> dict[str, Any]:

@@ -1,4 +1,4 @@
-"""Command line: ``flaggems info | routes | env | kit`` (also ``python -m flaggems``)."""
+"""Command line: ``flaggems info | routes | env | kit | build`` (also ``python -m flaggems``)."""
 
 from __future__ import annotations
 
@@ -65,13 +65,18 @@ def _print_routes(rows: list[dict[str, Any]]) -> None:
             print(f"  note: {note}")
 
 
-def _report_invalid(problems: dict[str, str]) -> int:
-    """Each variable ``enable()`` would refuse, on stderr; 2 when there is one, else 0."""
+def _report_invalid(problems: dict[str, str], command: str | None = None) -> int:
+    """Each variable ``enable()`` would refuse, on stderr; 2 when there is one, else 0.
+
+    ``command``: the command that refuses to run because of them (``None``: one that reports them).
+    """
     for message in problems.values():
         print(f"flaggems: error: {message}", file=sys.stderr)
     if problems:
-        print(f"flaggems: enable() would refuse this configuration ({', '.join(problems)}); see flaggems env",
-              file=sys.stderr)
+        names = ", ".join(problems)
+        said = (f"{command} refuses this configuration, as enable() does ({names})" if command
+                else f"enable() would refuse this configuration ({names})")
+        print(f"flaggems: {said}; see flaggems env", file=sys.stderr)
     return 2 if problems else 0
 
 
@@ -90,14 +95,25 @@ def cmd_info(args: argparse.Namespace) -> int:
     return _report_invalid(problems)
 
 
+def close_ops(name: str, known: Sequence[str], n: int = 3) -> list[str]:
+    """The routed op names closest to ``name``, flaggems' own compared without their ``flaggems::``."""
+    from .policy import OWN_NAMESPACE, normalize_op
+
+    full = {}
+    for op in known:
+        full.setdefault(op.removeprefix(OWN_NAMESPACE), op)
+    wanted = normalize_op(name).removeprefix(OWN_NAMESPACE)
+    return [full[op] for op in difflib.get_close_matches(wanted, list(full), n=n)]
+
+
 def cmd_routes(args: argparse.Namespace) -> int:
-    """Show op -> implementation chain -> chosen, and why."""
+    """Show op -> implementation chain -> chosen, and why (``--op``: an aten name, or one of flaggems' own)."""
     import flaggems
 
     rows = flaggems.routes(args.op)
     if args.op and not rows:
         known = [row["op"] for row in flaggems.routes()]
-        close = difflib.get_close_matches(args.op, known, n=3)
+        close = close_ops(args.op, known)
         hint = f"; did you mean {' or '.join(close)}?" if close else f"; routed ops: {', '.join(known) or 'none'}"
         print(f"no implementation routes {args.op!r}: it runs natively{hint}", file=sys.stderr)
         return 1
@@ -199,24 +215,28 @@ def cmd_kit(args: argparse.Namespace) -> int:
 
 
 def cmd_build(args: argparse.Namespace) -> int:
-    """Build the compiled entry now (what the first ``enable()`` would do); exit 1 when it cannot be built."""
+    """Build the compiled entry now (what the first ``enable()`` would do); exit 1 when it cannot be built.
+
+    A failure says why on stderr: the missing tool, or the first lines of the compiler's or ninja's output.
+    """
     import time
 
-    from . import compiled
+    from . import compiled, config
 
-    if compiled.is_built():
-        ok, folder, reason = compiled.build()
-        print(f"flaggems build: already built ({reason}) in {folder}")
-        return 0 if ok else 1
+    cached = compiled.is_built()
     start = time.perf_counter()
     ok, folder, reason = compiled.build()
     took = time.perf_counter() - start
-    if ok:
+    if not ok:
+        then = ("enable() will raise (FLAGGEMS_ENTRY=compiled)" if config.get("FLAGGEMS_ENTRY") == "compiled"
+                else "enable() will use the Python entry (FLAGGEMS_ENTRY=python says so without trying)")
+        print(f"flaggems build: {reason}\n  in {folder}; {then}", file=sys.stderr)
+        return 1
+    if cached:
+        print(f"flaggems build: already built ({reason}) in {folder}")
+    else:
         print(f"flaggems build: {reason} in {took:.0f} s, cached in {folder}")
-        return 0
-    print(f"flaggems build: {reason}; enable() will use the Python entry (FLAGGEMS_ENTRY=python says so "
-          f"without trying)", file=sys.stderr)
-    return 1
+    return 0
 
 
 COMMANDS: dict[str, tuple[Callable[[argparse.Namespace], int], str]] = {
@@ -230,6 +250,10 @@ COMMANDS: dict[str, tuple[Callable[[argparse.Namespace], int], str]] = {
 
 #: Commands defined here; optional modules add theirs to COMMANDS (see _add_extra_commands).
 BUILTIN = tuple(COMMANDS)
+
+#: Commands that show the configuration, invalid values included, then exit 2 on one; every other command
+#: refuses an invalid configuration before doing any work, as ``enable()`` does.
+SHOWS_CONFIGURATION = ("info", "env")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -287,6 +311,19 @@ def _add_extra_commands(sub: Any) -> None:
     register_cli(sub, COMMANDS)
 
 
+def refuse_invalid(command: str) -> int:
+    """2 (with each reason on stderr) when ``command`` must not run under this configuration, else 0.
+
+    The rules are ``enable()``'s (:func:`flaggems.config.problems`); ``info`` and ``env`` report them
+    themselves, after showing what they show.
+    """
+    from . import config
+
+    if command in SHOWS_CONFIGURATION:
+        return 0
+    return _report_invalid(config.problems(), command)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``flaggems`` console script."""
     from . import userwarn
@@ -300,7 +337,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     handler = COMMANDS[args.command][0]
     try:
         with userwarn.command_line():  # flaggems' warnings as one line each, no source line under them
-            return handler(args)
+            return refuse_invalid(args.command) or handler(args)
     except BrokenPipeError:  # `flaggems info | head`: the reader left; say nothing more
         sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - Python flushes stdout at exit
         return 0

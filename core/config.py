@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import difflib
 import os
+import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -167,7 +168,43 @@ def problems(environ: Mapping[str, str] | None = None) -> dict[str, str]:
         unknown = [c for c in REGISTRY["FLAGGEMS_LOG"].read(env) if c not in LOG_CHANNELS]
         if unknown:
             found["FLAGGEMS_LOG"] = f"FLAGGEMS_LOG: unknown channel(s) {unknown}; known: {', '.join(LOG_CHANNELS)}"
+    path = env.get("FLAGGEMS_ROUTES", "").strip()
+    if path:
+        try:
+            read_routes_file(path)
+        except ValueError as exc:
+            found["FLAGGEMS_ROUTES"] = str(exc)
     return found
+
+
+def read_routes_file(path: str) -> dict[str, str]:
+    """The ``{op: route}`` pairs of the TOML routes file ``path`` (``FLAGGEMS_ROUTES``), as written.
+
+    ``op = "route"`` lines, at the top or under ``[routes]``. Raises ``ValueError`` naming the variable
+    and the file when it is missing, unreadable, not TOML, or holds a value that is no route.
+    """
+    if sys.version_info >= (3, 11):
+        import tomllib
+    else:  # pragma: no cover - Python 3.10
+        import tomli as tomllib
+    where = f"FLAGGEMS_ROUTES={path}"
+    try:
+        with open(path, "rb") as handle:
+            data = tomllib.load(handle)
+    except OSError as exc:
+        raise ValueError(f"{where}: cannot read the routes file ({exc.strerror or exc}); fix the path or "
+                         f"unset FLAGGEMS_ROUTES") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ValueError(f'{where}: not valid TOML ({exc}); expected lines like copy_ = "native"') from None
+    routes = data.get("routes", data)
+    if not isinstance(routes, dict):
+        raise ValueError(f'{where}: "routes" must be a table of lines like copy_ = "native", '
+                         f"not {type(routes).__name__}")
+    bad = {op: value for op, value in routes.items() if not isinstance(value, str) or not value.strip()}
+    if bad:
+        raise ValueError(f"{where}: route values must be non-empty strings (native, generic, vendor, or a vendor "
+                         f"or plugin name), got {bad}")
+    return dict(routes)
 
 
 def validate(environ: Mapping[str, str] | None = None) -> None:

@@ -5,7 +5,8 @@ five fused operators (:mod:`flaggems.ops`) do in a handful, and a decode step
 is mostly host time: fewer calls is what makes it faster. ``patch`` rebinds,
 per module instance (never a class, never a parameter):
 
-* every RMSNorm of a known family: ``flaggems::rms_norm`` (its rounding);
+* every RMSNorm of a known family, and torch's own ``nn.RMSNorm`` over the
+  last dimension: ``flaggems::rms_norm`` (its rounding);
 * the decoder layer, where its ``forward`` is the known pre-norm residual
   form: the residual add and the post-attention norm become one
   ``flaggems::add_rms_norm``;
@@ -94,10 +95,26 @@ class NormKind:
     eps_attr: str
     weight_offset: float = 0.0
     cast_first: bool = True
+    #: Input dtypes the fused op computes the module's result for (``None``: every dtype, as transformers'
+    #: norms compute in fp32 whatever the input); the module's own forward serves the others.
+    dtypes: frozenset[torch.dtype] | None = None
+
+    def eps(self, module: nn.Module) -> float:
+        """The module's epsilon; torch's ``nn.RMSNorm(eps=None)`` uses fp32's machine epsilon (its math type
+        for every dtype :attr:`dtypes` admits)."""
+        eps = getattr(module, self.eps_attr)
+        return float(torch.finfo(torch.float32).eps if eps is None else eps)
+
+    def serves(self, x: torch.Tensor) -> bool:
+        """Whether the fused op computes what the module computes for ``x``."""
+        return self.dtypes is None or x.dtype in self.dtypes
 
 
 _LLAMA_NORM = NormKind("variance_epsilon")
 _GEMMA_NORM = NormKind("eps", weight_offset=1.0, cast_first=False)
+#: torch's ``nn.RMSNorm`` (``F.rms_norm``): normalised and weighted in fp32, rounded once to the input's dtype
+#: (what Gemma's rounding does with no offset); float64 keeps its own precision, so it runs the module's forward.
+_TORCH_NORM = NormKind("eps", cast_first=False, dtypes=frozenset({torch.float32, torch.bfloat16, torch.float16}))
 
 #: RMSNorm classes by name (transformers 4.4x-5.x spell these forwards the same way).
 NORMS: dict[str, NormKind] = {
@@ -280,10 +297,12 @@ class _NormForward(PatchedForward):
     def __init__(self, module: nn.Module, kind: NormKind) -> None:
         super().__init__(module)
         self.op = ops.overload("rms_norm")
-        self.eps = float(getattr(module, kind.eps_attr))
+        self.kind, self.eps = kind, kind.eps(module)
         self.offset, self.cast_first = kind.weight_offset, kind.cast_first
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        if not self.kind.serves(hidden_states):
+            return type(self.module).forward(self.module, hidden_states)
         return self.op(hidden_states, self.module.weight, self.eps, self.offset, self.cast_first)
 
 
@@ -363,6 +382,8 @@ def _recognised(module: nn.Module) -> tuple[str, NormKind | None, str | None] | 
     name = type(module).__name__
     if name in NORMS:
         return "norm", NORMS[name], None
+    if isinstance(module, nn.RMSNorm) and type(module).forward is nn.RMSNorm.forward:
+        return "norm", _TORCH_NORM, None
     if name in MLPS:
         return "mlp", None, None
     if name in LAYERS:
@@ -378,6 +399,8 @@ def _norm_kind(module: nn.Module) -> NormKind | None:
     if kind is None or not hasattr(module, kind.eps_attr):
         return None
     weight = getattr(module, "weight", None)
+    if isinstance(module, nn.RMSNorm):  # over the last dimension only (the fused op's); affine or not
+        return kind if len(module.normalized_shape) == 1 and (weight is None or weight.dim() == 1) else None
     return kind if isinstance(weight, torch.Tensor) and weight.dim() == 1 else None
 
 
@@ -483,13 +506,13 @@ class _LayerForward(PatchedForward):
         super().__init__(layer)
         self.op, self.sandwich = ops.overload("add_rms_norm"), sandwich
         self.norm_name = "pre_feedforward_layernorm" if sandwich else "post_attention_layernorm"
-        kind = _norm_kind(getattr(layer, self.norm_name))
-        self.eps, self.offset, self.cast_first = float(getattr(getattr(layer, self.norm_name), kind.eps_attr)), \
-            kind.weight_offset, kind.cast_first
+        self.kind = kind = _norm_kind(getattr(layer, self.norm_name))
+        self.eps, self.offset, self.cast_first = kind.eps(getattr(layer, self.norm_name)), kind.weight_offset, \
+            kind.cast_first
 
     def forward(self, hidden_states: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
         layer = self.module
-        if args:  # arguments passed by position: the class's own forward knows where they go
+        if args or not self.kind.serves(hidden_states):  # by position: the class's forward knows where they go
             return type(layer).forward(layer, hidden_states, *args, **kwargs)
         residual = hidden_states
         hidden_states, _ = layer.self_attn(hidden_states=layer.input_layernorm(hidden_states), **kwargs)
@@ -826,6 +849,13 @@ _LAYER_KINDS = {"layer": (_layer_reason, _layer_forward, "post_attention_layerno
                                    "pre_feedforward_layernorm")}
 
 
+def _require_module(model: Any, name: str) -> None:
+    """``TypeError`` (as torch's own module functions raise) for anything but an ``nn.Module``."""
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"flaggems.{name}() takes a torch.nn.Module (a model or one of its modules), "
+                        f"not {type(model).__name__}")
+
+
 def patch(model: nn.Module) -> PatchReport:
     """Route a transformers decoder's layers, or a diffusers UNet's blocks, through flaggems' fused operators
     (see the module docstring).
@@ -834,6 +864,7 @@ def patch(model: nn.Module) -> PatchReport:
     ``flaggems.enable()`` routes the fused operators to the kernels; without
     it (or where they decline) they run their torch references.
     """
+    _require_module(model, "patch")
     report = PatchReport(type(model).__name__)
     if getattr(model, UNDO, None) is not None:
         report.already = True
@@ -911,8 +942,8 @@ def patch(model: nn.Module) -> PatchReport:
                 report.skipped.append((name, f"{cls}: {reason}"))
     if not report.patched:
         report.skipped.append(("", "no module flaggems knows (by name or by form: Llama's RMSNorm, MLP, decoder "
-                                   "layer and rotary embedding, Gemma's RMSNorm; diffusers' ResnetBlock2D, "
-                                   "GEGLU and Attention); the model is left untouched"))
+                                   "layer and rotary embedding, Gemma's RMSNorm, torch's nn.RMSNorm; diffusers' "
+                                   "ResnetBlock2D, GEGLU and Attention); the model is left untouched"))
         return report
     undo.hold()
     object.__setattr__(model, UNDO, undo)
@@ -921,6 +952,7 @@ def patch(model: nn.Module) -> PatchReport:
 
 def unpatch(model: nn.Module) -> bool:
     """Undo :func:`patch` on ``model`` (every ``forward`` and module function restored); ``False`` if not patched."""
+    _require_module(model, "unpatch")
     undo: _Undo | None = getattr(model, UNDO, None)
     if undo is None:
         return False

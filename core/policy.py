@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
-import sys
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -45,6 +44,23 @@ def normalize_op(name: str) -> str:
     if name.endswith(".default"):
         name = name[: -len(".default")]
     return name
+
+
+#: The namespace of flaggems' own operators (:mod:`flaggems.ops`), kept in their route names.
+OWN_NAMESPACE = "flaggems::"
+
+
+def op_candidates(name: str) -> tuple[str, ...]:
+    """The route names a user's op name may mean, normalised.
+
+    ``"aten::add.Tensor"`` and ``"add.Tensor"`` mean the aten op; a bare name also means flaggems' own
+    operator of that name (``"rms_norm"``: ``aten::rms_norm`` or ``flaggems::rms_norm``); a name with a
+    namespace means only that namespace's.
+    """
+    op = normalize_op(name)
+    if "::" in name:
+        return (op,)
+    return (op, OWN_NAMESPACE + op)
 
 
 @dataclass(frozen=True)
@@ -99,24 +115,12 @@ class Route:
 
 
 def load_routes_file(path: str) -> dict[str, str]:
-    """Read ``op = "impl"`` pairs from a TOML routes file."""
-    if sys.version_info >= (3, 11):
-        import tomllib
-    else:  # pragma: no cover - Python 3.10
-        import tomli as tomllib
+    """Read ``op = "impl"`` pairs from a TOML routes file (:func:`flaggems.config.read_routes_file`), the op
+    names normalised; ``PolicyError`` with the file's problem."""
     try:
-        with open(path, "rb") as handle:
-            data = tomllib.load(handle)
-    except OSError as exc:
-        raise PolicyError(f"FLAGGEMS_ROUTES={path}: cannot read the routes file ({exc.strerror or exc}); "
-                          f"fix the path or unset FLAGGEMS_ROUTES") from None
-    except tomllib.TOMLDecodeError as exc:
-        raise PolicyError(f"FLAGGEMS_ROUTES={path}: not valid TOML ({exc}); expected lines like "
-                          f'copy_ = "native"') from None
-    routes = data.get("routes", data)
-    bad = {k: v for k, v in routes.items() if not isinstance(v, str)}
-    if bad:
-        raise PolicyError(f"{path}: route values must be strings, got {bad}")
+        routes = config.read_routes_file(path)
+    except ValueError as exc:
+        raise PolicyError(str(exc)) from None
     return {normalize_op(k): v.strip() for k, v in routes.items()}
 
 
@@ -257,10 +261,11 @@ def _route_for(op: str, links: list[Link], active: ActiveBackend, overrides: Ove
     if picked is None and source.startswith("FLAGGEMS_FORCE"):
         return Route(op, (), source, f"no {value} implementation of this op: native", tuple(links), tuple(notes))
     if picked is None:
-        message = (f"{op}: route {value!r} from {source} matches no installed implementation "
-                   f"(have: {', '.join(link.label for link in links)}); using the default chain")
+        unmatched = (f"{op}: route {value!r} from {source} matches no installed implementation "
+                     f"(have: {', '.join(link.label for link in links)})")
         if strict:
-            raise PolicyError(message)
+            raise PolicyError(f"{unmatched}; FLAGGEMS_STRICT refuses it: fix the route or remove it")
+        message = f"{unmatched}; using the default chain"
         userwarn.warn(f"flaggems: {message}")
         return Route(op, tuple(links), "default", _default_reason(links), tuple(links), (*notes, message))
     reason = "native kernel only" if not picked else f"restricted to {value}"

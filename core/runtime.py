@@ -58,6 +58,27 @@ def _importable(routes: dict[str, policy.Route]) -> dict[str, policy.Route]:
     return out
 
 
+def op_names(value: Iterable[str] | str | None, argument: str) -> tuple[str, ...] | None:
+    """``enable()``'s ``include``/``exclude`` as a tuple of op names (``None`` stays ``None``).
+
+    A bare string is one op name, not its characters; any other iterable holds names. Raises ``TypeError``
+    naming ``argument`` for a value that is neither, or an element that is not a string.
+    """
+    if value is None:
+        return None
+    if isinstance(value, str):
+        return (value,)
+    try:
+        names = tuple(value)
+    except TypeError:
+        raise TypeError(f"{argument} must be an op name or an iterable of op names, "
+                        f"not {type(value).__name__}") from None
+    bad = [name for name in names if not isinstance(name, str)]
+    if bad:
+        raise TypeError(f"{argument} must hold op names (str), got {bad[0]!r} ({type(bad[0]).__name__})")
+    return names
+
+
 def _is_dtype_name(name: Any) -> bool:
     import torch
 
@@ -253,16 +274,20 @@ class Runtime:
             kernel_context.reset()
             self.clear_plans()
 
-    def compute_routes(self, include: Iterable[str] | None = None,
-                       exclude: Iterable[str] | None = None) -> dict[str, policy.Route]:
+    def compute_routes(self, include: Iterable[str] | str | None = None,
+                       exclude: Iterable[str] | str | None = None) -> dict[str, policy.Route]:
         """Resolve every op's chain under the current overrides (no registration)."""
-        overrides = policy.Overrides.gather(include, exclude)
+        overrides = policy.Overrides.gather(op_names(include, "include"), op_names(exclude, "exclude"))
         return policy.resolve(self.implementations(), self.active_backend(), overrides,
                               strict=config.get("FLAGGEMS_STRICT"))
 
     # -- enable / disable --------------------------------------------------
-    def enable(self, include: Iterable[str] | None = None, exclude: Iterable[str] | None = None) -> None:
-        """Register the routed ops on the backend's dispatch key (idempotent)."""
+    def enable(self, include: Iterable[str] | str | None = None, exclude: Iterable[str] | str | None = None) -> None:
+        """Register the routed ops on the backend's dispatch key (idempotent).
+
+        ``include``/``exclude``: an op name or an iterable of them (:func:`op_names`).
+        """
+        include, exclude = op_names(include, "include"), op_names(exclude, "exclude")
         key = (None if include is None else tuple(sorted(include)), tuple(sorted(exclude or ())))
         config.validate()
         with self.lock:

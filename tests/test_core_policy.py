@@ -112,7 +112,7 @@ def test_routes_file_bad_value(acme, monkeypatch, tmp_path):
     routes = tmp_path / "routes.toml"
     routes.write_text("neg = 3\n")
     monkeypatch.setenv("FLAGGEMS_ROUTES", str(routes))
-    with pytest.raises(PolicyError, match="must be strings"):
+    with pytest.raises(PolicyError, match="must be non-empty strings"):
         flaggems.routes()
 
 

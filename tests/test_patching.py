@@ -420,3 +420,70 @@ def test_a_model_saved_patched_loads_patched_in_a_fresh_process(tmp_path):
     """)
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0 and done.stdout.strip().endswith("ok"), done.stderr[-3000:]
+
+
+@pytest.mark.parametrize("bad", [None, torch.zeros(3), "model", {"model": None}], ids=["None", "tensor", "str", "dict"])
+def test_patch_and_unpatch_refuse_what_is_no_module_with_a_type_error(bad):
+    with pytest.raises(TypeError, match="torch.nn.Module"):
+        flaggems.patch(bad)
+    with pytest.raises(TypeError, match="torch.nn.Module"):
+        flaggems.unpatch(bad)
+    assert not patching.is_patched(bad)
+
+
+class _TorchNormBlock(nn.Module):
+    """A block of torch's own norms: affine and not, eps given and defaulted, and one over two dimensions."""
+
+    def __init__(self, hidden: int = 48) -> None:
+        super().__init__()
+        self.proj = nn.Linear(hidden, hidden)
+        self.norm = nn.RMSNorm(hidden, eps=1e-5)
+        self.norm_default_eps = nn.RMSNorm(hidden)
+        self.norm_plain = nn.RMSNorm(hidden, elementwise_affine=False)
+        self.norm_2d = nn.RMSNorm((4, hidden))
+        with torch.no_grad():
+            for norm in (self.norm, self.norm_default_eps, self.norm_2d):
+                norm.weight.normal_()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.norm_plain(self.norm_default_eps(self.norm(self.proj(x))))
+        return self.norm_2d(x)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16, torch.float64],
+                         ids=lambda d: str(d).split(".")[-1])
+def test_torchs_rms_norm_is_patched_with_its_results(dtype):
+    torch.manual_seed(0)
+    model = _TorchNormBlock().to(device=DEV, dtype=dtype)
+    x = torch.randn(2, 4, 48, device=DEV, dtype=dtype)
+    with torch.no_grad():
+        want = model(x)
+        state = {k: v.clone() for k, v in model.state_dict().items()}
+        report = flaggems.patch(model)
+        assert report.patched["rms_norm"] == 3, report  # the norm over (4, hidden) keeps its own forward
+        assert [name for name, _ in report.skipped] == ["norm_2d"], report
+        with flaggems.enabled():
+            got, again = model(x), model(x)
+            declined = flaggems.routes("flaggems::rms_norm")[0]["declined"]
+    flaggems.unpatch(model)
+    assert "forward" not in model.norm.__dict__
+    assert got.dtype == want.dtype and got.shape == want.shape
+    if dtype == torch.float64:  # the module's own forward serves float64 (the fused op computes in fp32)
+        assert torch.equal(got, want)
+    else:
+        ulp = {torch.float32: 1e-5, torch.bfloat16: 1.6e-2, torch.float16: 2e-3}[dtype]
+        torch.testing.assert_close(got, want, rtol=ulp, atol=ulp)
+        assert not declined
+    assert torch.equal(got, again)
+    assert all(torch.equal(state[k], v) for k, v in model.state_dict().items())
+
+
+def test_a_subclass_of_torchs_rms_norm_with_its_own_forward_is_not_patched():
+    class Scaled(nn.RMSNorm):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return 2 * super().forward(x)
+
+    model = nn.Sequential(Scaled(16), nn.RMSNorm(16))
+    report = flaggems.patch(model)
+    assert report.patched["rms_norm"] == 1 and "forward" not in model[0].__dict__
+    flaggems.unpatch(model)

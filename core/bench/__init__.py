@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -129,8 +130,28 @@ def _fail(message: str) -> int:
     return 2
 
 
+def invalid_configuration() -> int:
+    """2, with each reason on stderr once, when a ``FLAGGEMS_*`` value is one ``enable()`` refuses; else 0.
+
+    Checked before anything runs: every side of every workload enables flaggems, so a bad value would
+    otherwise fail each of them, once per workload.
+    """
+    from .. import config  # importing flaggems discovered the plugins and declared their variables
+
+    problems = config.problems()
+    for message in problems.values():
+        print(f"flaggems bench: error: {message}", file=sys.stderr)
+    if problems:
+        print(f"flaggems bench: nothing was run: enable() refuses this configuration ({', '.join(problems)}); "
+              "see flaggems env", file=sys.stderr)
+    return 2 if problems else 0
+
+
 def cmd_bench(args: argparse.Namespace) -> int:
     """Handler of ``flaggems bench`` (see the module docstring)."""
+    refused = invalid_configuration()
+    if refused:
+        return refused
     if args.models:
         from .models import cmd_models
 
@@ -146,7 +167,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     unknown = sorted(set(args.op) - shapes.known_ops(workloads))
     if unknown:
         return _fail(f"unknown op(s) {', '.join(unknown)}; known: {', '.join(sorted({w.op for w in workloads}))} "
-                     "(or an aten op they route; see --list)")
+                     f"(or an aten op they route; see --list){_disabled_plugins()}")
     chosen = shapes.select(workloads, args.op, args.dtype, args.only)
     if not chosen:
         return _fail("no workload matches --op/--dtype/--only (see --list)")
@@ -162,17 +183,47 @@ def cmd_bench(args: argparse.Namespace) -> int:
     return _run(args, chosen, target)
 
 
+def _disabled_plugins() -> str:
+    """Where a plugin failed (its workloads then are missing): ``"; disabled plugin(s): name (why)"``, else ``""``."""
+    from ..runtime import RUNTIME
+
+    failed = [f"{r.name} ({r.error})" for r in RUNTIME.manager.records.values() if r.status == "failed"]
+    return f"; disabled plugin(s), whose workloads are missing: {'; '.join(failed)}" if failed else ""
+
+
 def _run(args: argparse.Namespace, chosen: list, target: Any) -> int:
     from . import report, runner
 
     timing = runner.Timing.for_run(args.smoke)
     side_names = runner.sides(args.route)
-    with report.progress(len(chosen)) as step:
-        results = runner.run_all(chosen, side_names, target, timing, step, report.print_rows)
+    if args.smoke:
+        results = _run_smoke(chosen, side_names, target, timing)
+    else:
+        with report.progress(len(chosen)) as step:
+            results = runner.run_all(chosen, side_names, target, timing, step, report.print_rows)
     meta = runner.environment(target, timing, side_names)
-    print(report.table(results, meta))
+    if not args.smoke:
+        print(report.table(results, meta))
     if args.json:
         report.write_json(args.json, results, meta)
     if args.plot:
         report.write_plot(args.plot, results, meta)
     return 1 if any(r.failed for r in results) else 0
+
+
+def _run_smoke(chosen: list, side_names: list[str], target: Any, timing: Any) -> list:
+    """A smoke run, reported compactly: a line per op as its workloads finish, then the totals and problems.
+
+    Interpreter timings say nothing of speed, so no speedup is printed (``--json`` keeps them, marked).
+    """
+    from . import report, runner
+
+    start = time.perf_counter()
+    with report.progress(len(chosen), quiet=True) as step:
+        smoke = report.SmokeReport([w.op for w in chosen], step.write)
+        for line in smoke.head(runner.environment(target, timing, side_names)):
+            step.write(line)
+        results = runner.run_all(chosen, side_names, target, timing, step, smoke.finished)
+        smoke.flush()
+    print("\n".join(smoke.tail(time.perf_counter() - start)))
+    return results

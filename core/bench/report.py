@@ -73,8 +73,7 @@ def summary(results: Sequence[Result], side_names: Sequence[str]) -> dict[str, d
 def table(results: Sequence[Result], meta: dict[str, Any]) -> str:
     """The human-readable report: banner, one line of context, the rows, geomeans and problems."""
     lines = [SMOKE_BANNER] if meta["smoke"] else []
-    lines.append(f"{meta['device']}  torch {meta['torch']}  triton {meta['triton']}  flaggems {meta['flaggems']}"
-                 f"  backend {meta['backend']}")
+    lines.append(_context(meta))
     lines.append(meta["timing"])
     lines.extend(_align(COLUMNS, rows(results)))
     for side, stats in summary(results, meta["sides"]).items():
@@ -83,6 +82,12 @@ def table(results: Sequence[Result], meta: dict[str, Any]) -> str:
                      f"GPU busy ({stats['workloads']} workloads)")
     lines.extend(problems(results))
     return "\n".join(lines)
+
+
+def _context(meta: dict[str, Any]) -> str:
+    """One line: the device, the versions and the backend."""
+    return (f"{meta['device']}  torch {meta['torch']}  triton {meta['triton']}  flaggems {meta['flaggems']}"
+            f"  backend {meta['backend']}")
 
 
 def problems(results: Sequence[Result]) -> list[str]:
@@ -187,29 +192,129 @@ def _bars(ax: Any, results: Sequence[Result], side: str, offset: float, height: 
                 label=side if y == next(i for i, q in enumerate(results) if q.speedup(side)) else None)
 
 
-@contextlib.contextmanager
-def progress(total: int) -> Iterator[Callable[[str], None]]:
-    """A ``step(description)`` callable: a tqdm bar when installed, else a counter on stderr."""
-    try:
-        from tqdm import tqdm
-    except ImportError:
-        tqdm = None
-    if tqdm is not None:
-        bar = tqdm(total=total, file=sys.stderr, unit="workload", dynamic_ncols=True)
+class Progress:
+    """``step(description)`` per workload, and ``write(line)`` for report lines printed while it runs.
 
-        def step(description: str) -> None:
-            bar.set_description(description[:60], refresh=False)
-            bar.update(1)
+    With tqdm installed, a bar on stderr (lines are written above it); else a counter line per workload on
+    stderr, or nothing per workload when ``quiet`` (a smoke run's per-op lines are its progress).
+    """
 
+    def __init__(self, total: int, quiet: bool = False) -> None:
+        self.total, self.quiet, self.count = total, quiet, 0
         try:
-            yield step
-        finally:
-            bar.close()
-        return
-    count = [0]
+            from tqdm import tqdm
+        except ImportError:
+            self.bar = None
+        else:
+            self.bar = tqdm(total=total, file=sys.stderr, unit="workload", dynamic_ncols=True)
 
-    def count_step(description: str) -> None:
-        count[0] += 1
-        print(f"[{count[0]}/{total}] {description}", file=sys.stderr, flush=True)
+    def __call__(self, description: str) -> None:
+        """One more workload starts."""
+        self.count += 1
+        if self.bar is not None:
+            self.bar.set_description(description[:60], refresh=False)
+            self.bar.update(1)
+        elif not self.quiet:
+            print(f"[{self.count}/{self.total}] {description}", file=sys.stderr, flush=True)
 
-    yield count_step
+    def write(self, line: str) -> None:
+        """``line`` on stdout, now (above the bar, which tqdm then redraws)."""
+        if self.bar is not None:
+            self.bar.write(line, file=sys.stdout)
+            sys.stdout.flush()
+        else:
+            print(line, flush=True)
+
+    def close(self) -> None:
+        """Take the bar off the terminal."""
+        if self.bar is not None:
+            self.bar.close()
+
+
+@contextlib.contextmanager
+def progress(total: int, quiet: bool = False) -> Iterator[Progress]:
+    """A :class:`Progress` of ``total`` workloads, closed after the block."""
+    shown = Progress(total, quiet)
+    try:
+        yield shown
+    finally:
+        shown.close()
+
+
+# -- the smoke report ------------------------------------------------------------
+SMOKE_CHECK = ("a functional check: every workload once per side at its smoke size, each flaggems result against "
+               "torch's; no speedup is reported (the interpreter's times are in --json, marked meaningless)")
+SMOKE_COLUMNS = ("op", "workloads", "checks", "passed", "failed", "seconds", "ran")
+
+
+def check_outcome(result: Result, side: str) -> str:
+    """``passed``, ``failed`` (a side raised, or the result differs) or ``unchecked``: one side against torch."""
+    m = result.sides[side]
+    if m.error or result.sides[TORCH].error or m.match is False:
+        return "failed"
+    return "passed" if m.match else "unchecked"
+
+
+def smoke_counts(results: Sequence[Result]) -> dict[str, int]:
+    """Workloads, checks (one per workload and flaggems side), and how many checks passed and failed."""
+    outcomes = [check_outcome(r, side) for r in results for side in r.sides if side != TORCH]
+    return {"workloads": len(results), "checks": len(outcomes), "passed": outcomes.count("passed"),
+            "failed": outcomes.count("failed")}
+
+
+def _ran_summary(results: Sequence[Result], limit: int = 3) -> str:
+    """The distinct implementations that ran on the flaggems sides (``; ``-separated: one may list several ops)."""
+    ran = list(dict.fromkeys(m.ran for r in results for side, m in r.sides.items() if side != TORCH and m.ran))
+    more = f" (+{len(ran) - limit} more)" if len(ran) > limit else ""
+    return "; ".join(ran[:limit]) + more if ran else "-"
+
+
+def smoke_row(op: str, results: Sequence[Result]) -> tuple[str, ...]:
+    """One op's line of a smoke run: its counts, the seconds its workloads took, what ran."""
+    counts = smoke_counts(results)
+    seconds = sum(r.seconds or 0.0 for r in results)
+    return (op, *(str(counts[k]) for k in SMOKE_COLUMNS[1:5]), f"{seconds:.1f}", _ran_summary(results))
+
+
+class SmokeReport:
+    """A smoke run's report: the context, then a line per op once its workloads ran, then the totals.
+
+    Workloads come grouped by op (shape modules in order, then plugins'), so an op's line is due when the next
+    op's first workload finishes; :meth:`flush` writes the last one.
+    """
+
+    def __init__(self, ops: Sequence[str], write: Callable[[str], None]) -> None:
+        self.widths = [max(len(SMOKE_COLUMNS[0]), *map(len, ops)), *map(len, SMOKE_COLUMNS[1:-1])]
+        self.write = write
+        self.pending: list[Result] = []
+        self.results: list[Result] = []
+
+    def _line(self, cells: Sequence[str]) -> str:
+        first, *numbers, ran = cells
+        aligned = [first.ljust(self.widths[0]), *(c.rjust(w) for c, w in zip(numbers, self.widths[1:], strict=True))]
+        return "  ".join([*aligned, ran]).rstrip()
+
+    def head(self, meta: dict[str, Any]) -> list[str]:
+        """The banner, where it runs, what a smoke run checks, and the column names."""
+        return [SMOKE_BANNER, _context(meta), SMOKE_CHECK, self._line(SMOKE_COLUMNS)]
+
+    def finished(self, result: Result) -> None:
+        """Take one workload's result; write the previous op's line when this one starts another op."""
+        if self.pending and self.pending[0].workload.op != result.workload.op:
+            self.flush()
+        self.pending.append(result)
+
+    def flush(self) -> None:
+        """Write the line of the op whose results are pending."""
+        if self.pending:
+            self.write(self._line(smoke_row(self.pending[0].workload.op, self.pending)))
+            self.results.extend(self.pending)
+            self.pending = []
+
+    def tail(self, seconds: float) -> list[str]:
+        """The totals of the whole run, then a line per error and per result that differs from torch's."""
+        c = smoke_counts(self.results)
+        unchecked = c["checks"] - c["passed"] - c["failed"]
+        also = f", {unchecked} unchecked" if unchecked else ""
+        return [f"smoke: {c['workloads']} workloads, {c['checks']} checks against torch: {c['passed']} passed, "
+                f"{c['failed']} failed{also}; {seconds:.0f} s", *problems(self.results)]

@@ -124,6 +124,7 @@ class Result:
     smoke: bool = False
     bytes_moved: int | None = None
     sides: dict[str, Measurement] = field(default_factory=dict)
+    seconds: float | None = None
 
     def speedup(self, side: str, metric: str = "kernel_us") -> float | None:
         """torch time / ``side`` time for ``metric`` (``kernel_us`` or ``wall_us``)."""
@@ -151,7 +152,7 @@ class Result:
             "op": w.op, "workload": w.name, "label": self.label, "dtype": w.dtype, "routes": list(w.routes),
             "source": w.source,
             "params": {k: _plain(v) for k, v in (w.smoke if self.smoke else w.params).items()},
-            "bytes": self.bytes_moved,
+            "bytes": self.bytes_moved, "seconds": self.seconds,
             "sides": {name: asdict(m) for name, m in self.sides.items()},
             "speedup": {s: self.speedup(s) for s in others},
             "wall_speedup": {s: self.speedup(s, "wall_us") for s in others},
@@ -546,6 +547,7 @@ def run_workload(workload: Workload, side_names: Sequence[str], target: Target, 
     """Every side of one workload; a side that raises is recorded, not fatal."""
     if step is not None:
         step(f"{workload.op} {workload.label(timing.smoke)} {workload.dtype}")
+    start = time.perf_counter()
     run = _WorkloadRun(workload, target, timing)
     for side in side_names:
         run.attempt(side, functools.partial(run.probe, side))
@@ -553,6 +555,7 @@ def run_workload(workload: Workload, side_names: Sequence[str], target: Target, 
     _release(target.device, timing)
     run.attempt(TORCH, lambda: run.time(side_names))
     _release(target.device, timing)
+    run.result.seconds = time.perf_counter() - start
     return run.result
 
 
