@@ -250,14 +250,17 @@ def unservable(args: Sequence[Any], kwargs: dict[str, Any] | None = None, tangen
     A tensor argument (or one in a list) whose values are not what its memory holds, or that is not plain
     memory: the negative or conjugate bit (``torch._neg_view``, ``c.conj().imag``), a zero tensor, a Python
     subclass (the fake tensors torch.compile traces with, wrapper subclasses), a functorch wrapper (vmap,
-    grad, jvp), a functionalized, sparse or nested tensor, or one carrying a forward-AD tangent. Such calls go
-    to torch's kernel. On an Autograd key (CompositeImplicitAutograd ops such as ``repeat_interleave`` and
+    grad, jvp), a functionalized, sparse or nested tensor, or one carrying a forward-AD tangent; and any call
+    made while a ``TorchDispatchMode`` is on the stack (a user's logging mode, torch.compile's fake and
+    functional tracing modes: each must see the ops torch's kernel makes). Such calls go to torch's kernel. On an Autograd key (CompositeImplicitAutograd ops such as ``repeat_interleave`` and
     ``group_norm``) all of them arrive as they are; below it torch's fallbacks resolve most, but not the
     negative bit for every op (``copy_``, ``repeat_interleave.Tensor``'s ``repeats``). The compiled entry
     makes the same check in C++; the Python entry here; the conformance kit before each direct call.
     ``tangents``: look for forward-AD tangents too (on Autograd keys only: below them torch's autograd has
     carried them already, and unpacking a dual tensor there trips an internal assert of torch).
     """
+    if torch._C._len_torch_dispatch_stack():
+        return "a TorchDispatchMode is active (it must see the ops torch's kernel makes)"
     for value in (*args, *(kwargs or {}).values()):
         if isinstance(value, torch.Tensor):
             reason = _tensor_unservable(value, tangents)

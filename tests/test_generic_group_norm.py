@@ -376,13 +376,15 @@ def _against_float64(x, group, weight, bias):
 
 @pytest.mark.parametrize("fmt", [torch.contiguous_format, torch.channels_last], ids=["contiguous", "channels-last"])
 @pytest.mark.parametrize("shape,group", [((2, 12, 7, 9), 4), ((2, 16, 4, 8), 4)], ids=["D3-S63", "D4-S32"])
-def test_offset_input_against_float64(tiling, fmt, shape, group):
-    """fp32 ``1e4 + randn``: no worse than torch against float64 (~4e-7 here, torch's CPU kernel ~1e-3).
+@pytest.mark.parametrize("noise", [1.0, 0.01], ids=["randn", "randn/100"])
+def test_offset_input_against_float64(tiling, fmt, shape, group, noise):
+    """fp32 ``1e4 + randn * noise``: no worse than torch against float64 (~4e-7 here; torch's CPU kernel ~1e-3,
+    and ~0.1 at ``noise=0.01``, where its variance cancels to a few ulps of 1e8): a documented difference.
 
     ``x * a + (b - mean * a)`` rounds two 1e4-sized terms (1.6e-3); ``(x - mean_hi - mean_lo) * a + b`` does not.
     """
     torch.manual_seed(0)
-    x = (1e4 + torch.randn(shape, device=DEV)).contiguous(memory_format=fmt)
+    x = (1e4 + noise * torch.randn(shape, device=DEV)).contiguous(memory_format=fmt)
     w, b = torch.randn(shape[1], device=DEV), torch.randn(shape[1], device=DEV)
     (y, mean, rstd), (their_y, their_mean, their_rstd) = _against_float64(x, group, w, b)
     assert y <= max(1.25 * their_y, 1e-5)
