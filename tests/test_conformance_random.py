@@ -156,3 +156,75 @@ def test_a_replayed_stride_0_keeps_an_index_tensors_values():
     varied = torch.tensor([1, 2, 3, 4])
     second = _layouts.relayout((varied,), {}, random.Random(seed), frozenset(), like=first)
     assert torch.equal(second.args[0], varied) and second.args[0].stride() != (0,)
+
+
+def test_the_kit_draws_only_dtypes_the_backend_computes(monkeypatch):
+    """A backend declaring ``unsupported_dtypes`` (float64 on Ascend) gets no case naming one: routing would
+    decline it on every implementation (``FLAGGEMS_VENDOR=ascend flaggems kit --op index_copy --cases 5``
+    once drew float64 for all five cases and ran none). Without a limit, the streams are as they were."""
+    import torch
+
+    from flaggems.testing import cases_for
+
+    import random
+
+    cpu = torch.device("cpu")
+    ops = sorted({target.op for target in TARGETS})
+    monkeypatch.setattr(kit, "unsupported_dtypes", lambda: frozenset())
+    for op in ops:  # no limit: each generated case is its seed's first draw
+        for rc in kit.random_cases(op, 12, SEED):
+            if rc.source == kit.GENERATED and rc.variant < 0:
+                torch.manual_seed(rc.seed)
+                first = kit.GENERATORS[op](random.Random(rc.seed), cpu)
+                assert kit.build(rc, cpu, rc.seed).kind == first.kind
+    monkeypatch.setattr(kit, "unsupported_dtypes", lambda: frozenset({torch.float64}))
+    drew = set()
+    for op in ops:
+        stream = kit.random_cases(op, 40, SEED)
+        assert stream, op
+        for rc in stream:
+            prep = kit.build(rc, cpu, rc.seed)
+            named = kit.named_dtypes((*prep.built.args, *prep.built.kwargs.values()))
+            assert torch.float64 not in named, f"{op} case #{rc.index} ({rc.source}, {prep.kind}) names float64"
+            drew |= named
+        wide = {c.name for c in cases_for(op) if torch.float64 in kit._case_facts(op, c)[1]}
+        assert not wide & {c.name for c in kit.relayout_pool(op)}, op
+    assert {torch.float16, torch.bfloat16, torch.float32, torch.int64} <= drew
+
+
+VENDOR_PLUGINS = {"": None, "ascend": "flaggems_ascend", "kunlunxin": "flaggems_kunlunxin", "hygon": "flaggems_hygon"}
+_VENDOR_KIT = """
+import json, sys
+from flaggems.testing import random_cases as kit
+tallies = kit.run_kit(cases={cases}, modes=("direct",))
+print(json.dumps({{"idle": kit.idle_ops(tallies), "ran": sorted({{t.op for t in tallies if t.passed}}),
+                  "failures": [f for t in tallies for f in t.failures][:3], "failed": sum(t.failed for t in tallies)}}))
+"""
+
+
+@pytest.mark.parametrize("vendor", list(VENDOR_PLUGINS), ids=lambda v: v or "default")
+def test_each_vendors_kit_runs_cases_for_every_op(vendor):
+    """Under each vendor's configuration (the tox envs': ``FLAGGEMS_VENDOR``, the stand-in ``npu`` of
+    tests/fakes for Ascend where no torch_npu is installed) every routed op runs cases and none differs."""
+    import importlib.util
+    import json
+    import os
+    import subprocess
+    import sys
+
+    plugin = VENDOR_PLUGINS[vendor]
+    if plugin is not None and importlib.util.find_spec(plugin) is None:
+        pytest.skip(f"{plugin} is not installed")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FLAGGEMS_OP_")}
+    env["FLAGGEMS_VENDOR"] = vendor
+    if vendor == "ascend" and importlib.util.find_spec("torch_npu") is None:
+        fakes = os.path.join(os.path.dirname(__file__), "fakes")
+        env.update(FAKE_TORCH_NPU="1", PYTHONPATH=os.pathsep.join(filter(None, (fakes, env.get("PYTHONPATH")))))
+    elif vendor != "ascend":
+        env.pop("FAKE_TORCH_NPU", None)
+    proc = subprocess.run([sys.executable, "-c", _VENDOR_KIT.format(cases=16)], capture_output=True, text=True,
+                          env=env, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    found = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert found["ran"] and not found["idle"], f"ops that ran no case under {vendor or 'default'}: {found['idle']}"
+    assert not found["failed"], "\n\n".join(found["failures"])

@@ -74,6 +74,29 @@ def test_an_index_read_past_2_31_elements_takes_64_bit_offsets():
             assert plan.launcher.constexprs["INT64"] is wide, (stride, mode)
 
 
+@pytest.mark.parametrize("index_dtype", [torch.int32, torch.int64])
+@pytest.mark.parametrize("checked", [True, False], ids=["checked", "unchecked"])
+def test_index_select_of_an_expanded_view_past_2_31_elements(index_dtype, checked, monkeypatch):
+    """An expanded (stride-0) view of 2**31 + 8 rows over one element of storage: its size along ``dim`` is
+    past int32 though no offset is. The check compared an int32 index with the size wrapped to int32 (every
+    index ``>=`` it: IndexError); the kernel narrowed the size likewise (every index invalid: zeros). Both
+    now match torch; the plan takes 64-bit arithmetic once the indexed size passes 2**30."""
+    from flaggems.toolkit import indexing
+
+    set_kernel_context(monkeypatch, checks=checked)
+    x = torch.randn(1, device=DEV).expand(2**31 + 8)
+    index = torch.tensor([2**31 - 1, 5, 0], dtype=index_dtype, device=DEV)
+    with native_scope():
+        expected = torch.index_select(x, 0, index)
+    with flaggems.enabled(include=["index_select"]):
+        assert torch.equal(torch.index_select(x, 0, index), expected)
+    meta = torch.device("meta")
+    for rows, wide in ((2**30, False), (2**30 + 1, True)):
+        view = torch.empty(1, 8, device=meta).expand(rows, 8)
+        plan = indexing.plan_index(torch.empty(3, 8, device=meta), view, 0, index.to(meta), scatter=False)
+        assert plan.launcher.constexprs["INT64"] is wide, rows
+
+
 def test_out_of_range_gather_writes_zeros(unchecked):
     x = torch.arange(12.0, device=DEV).reshape(3, 4)
     out = x.index_select(1, torch.tensor([1, 7], device=DEV))

@@ -13,6 +13,11 @@ Cases come from two sources, alternating by seed:
   permuted storage orders, channels_last, negative views, stride-0 dimensions);
 * **generated** (the generic plugin's ops): :mod:`flaggems.testing._generators`.
 
+Both draw only dtypes the active backend computes (:func:`flaggems.testing.unsupported_dtypes`, the
+backend's declared ``unsupported_dtypes``): a registered case naming another is not re-laid out, a generated
+one is drawn again (:func:`generate`). Routing would decline such a case on every implementation, so on that
+backend (float64 on Ascend) it would test nothing.
+
 Each case runs through three *modes*: ``direct`` (the implementation's function,
 after the central gate :func:`flaggems.binding.unservable` and its ``supports``),
 and ``compiled`` / ``python``: the dispatcher (``torch.ops.aten...``) with flaggems
@@ -43,7 +48,8 @@ from typing import Any
 
 import torch
 
-from . import DEVICE_ASSERT, NATIVE_CONTIGUOUS_ON_GPU, Case, Declined, _sweep, assert_same, cases_for, device
+from . import (DEVICE_ASSERT, NATIVE_CONTIGUOUS_ON_GPU, Case, Declined, _sweep, assert_same, cases_for, device,
+               unsupported_dtypes)
 from ._generators import GENERATORS as ATEN_GENERATORS
 from ._generators_fused import FUSED_GENERATORS
 from ._layouts import Built, relayout, twin, written_arguments
@@ -127,32 +133,59 @@ def case_seed(seed: int, op: str, index: int) -> int:
 #: Under Triton's interpreter, registered cases with more tensor elements than this are not re-laid out
 #: (the fixed-list kit runs them as written; a GPU run re-lays them out too).
 INTERPRETED_MAX_NUMEL = 1 << 15
-_NUMEL: dict[tuple[str, str], int] = {}
+#: On a device, nor those with more than this: a relayout places each tensor's elements in a buffer of its
+#: own, and an expanded view of 2**31 elements over one row of storage (index_select's) would allocate them.
+DEVICE_MAX_NUMEL = 1 << 26
+_FACTS: dict[tuple[str, str], tuple[int, frozenset[torch.dtype]]] = {}
 
 
-def case_numel(op: str, case: Case) -> int:
-    """Tensor elements of a registered case's inputs (built once, on the CPU)."""
+def _case_facts(op: str, case: Case) -> tuple[int, frozenset[torch.dtype]]:
+    """Tensor elements of a registered case's inputs and the dtypes they name (built once, on the CPU)."""
     key = (op, case.name)
-    if key not in _NUMEL:
+    if key not in _FACTS:
         from ..binding import native_scope
 
         with native_scope():
             args, kwargs = case.make(torch.device("cpu"))
-        _NUMEL[key] = sum(v.numel() for v in (*args, *kwargs.values()) if isinstance(v, torch.Tensor))
-    return _NUMEL[key]
+        values = (*args, *kwargs.values())
+        _FACTS[key] = (sum(v.numel() for v in values if isinstance(v, torch.Tensor)), named_dtypes(values))
+    return _FACTS[key]
 
 
-def relayout_pool(op: str) -> list[Case]:
-    """The registered cases of ``op`` the kit re-lays out (small ones only under the interpreter)."""
+def case_numel(op: str, case: Case) -> int:
+    """Tensor elements of a registered case's inputs (built once, on the CPU)."""
+    return _case_facts(op, case)[0]
+
+
+def named_dtypes(values: Any) -> frozenset[torch.dtype]:
+    """The dtypes a call's arguments name: each tensor's (in lists too) and each ``dtype`` argument."""
+    found: set[torch.dtype] = set()
+    for value in values:
+        if isinstance(value, (list, tuple)):
+            found |= named_dtypes(value)
+        elif isinstance(value, torch.Tensor):
+            found.add(value.dtype)
+        elif isinstance(value, torch.dtype):
+            found.add(value)
+    return frozenset(found)
+
+
+def relayout_pool(op: str, unsupported: frozenset[torch.dtype] | None = None) -> list[Case]:
+    """The registered cases of ``op`` the kit re-lays out: none naming a dtype of ``unsupported`` (default:
+    the active backend's :func:`~flaggems.testing.unsupported_dtypes`), small ones only (smaller still under
+    the interpreter)."""
     from . import _interpreted
 
-    hand = cases_for(op)
-    return hand if not _interpreted() else [c for c in hand if case_numel(op, c) <= INTERPRETED_MAX_NUMEL]
+    banned = unsupported_dtypes() if unsupported is None else unsupported
+    most = INTERPRETED_MAX_NUMEL if _interpreted() else DEVICE_MAX_NUMEL
+    return [c for c in cases_for(op) if not (banned & _case_facts(op, c)[1]) and case_numel(op, c) <= most]
 
 
-def random_cases(op: str, count: int, seed: int = 0) -> list[RandomCase]:
-    """``count`` cases of ``op``: generated and re-laid-out registered ones, about half each."""
-    hand = relayout_pool(op)
+def random_cases(op: str, count: int, seed: int = 0, unsupported: frozenset[torch.dtype] | None = None
+                 ) -> list[RandomCase]:
+    """``count`` cases of ``op``: generated and re-laid-out registered ones, about half each (registered ones
+    naming no dtype of ``unsupported``, default the active backend's: see :func:`relayout_pool`)."""
+    hand = relayout_pool(op, unsupported)
     if op not in GENERATORS and not hand:
         return []
     out: list[RandomCase] = []
@@ -176,20 +209,43 @@ def build(rc: RandomCase, dev: torch.device, values_seed: int, like: Prepared | 
     from ``values_seed``."""
     from ..binding import native_scope
 
-    rng = random.Random(rc.seed)
-    torch.manual_seed(values_seed)
-    with native_scope(), _swept(rc):
+    with native_scope():
         if rc.source == GENERATED:
-            gen = GENERATORS[rc.op](rng, dev)
+            rng, gen = generate(rc, dev, values_seed)
             case = Case(f"{GENERATED}:{gen.kind}", _no_make, ulps=gen.ulps, check_strides=gen.check_strides,
                         tags=gen.tags)
             args, kwargs, fixed, kind = gen.args, gen.kwargs, gen.fixed, gen.kind
         else:
+            rng = random.Random(rc.seed)
+            torch.manual_seed(values_seed)
             case = next(c for c in cases_for(rc.op) if c.name == rc.source)
             (args, kwargs), fixed, kind = case.make(dev), frozenset(), case.name
         built = relayout(tuple(args), dict(kwargs), rng, written_arguments(rc.op), fixed,
                          like.built if like is not None else None)
     return Prepared(built, case, kind)
+
+
+#: Draws of a generated case at most before one naming a dtype the backend does not compute is kept (and then
+#: declined): a generator draws such a dtype for a tenth of its cases or fewer.
+DTYPE_DRAWS = 16
+
+
+def generate(rc: RandomCase, dev: torch.device, values_seed: int) -> tuple[random.Random, Any]:
+    """The generator's case of ``rc`` and the random stream after it (the relayout draws from it next): from
+    ``rc.seed``, or where that draw names a dtype the active backend does not compute
+    (:func:`~flaggems.testing.unsupported_dtypes`), from the first of the seeds derived from it whose draw
+    names none. The choice depends on the structural draws only (dtypes come from the stream, never from
+    values), so both sides, both calls and every point of a sweep make the same one; where no backend limit
+    holds the stream is ``rc.seed``'s, as it always was."""
+    banned = unsupported_dtypes()
+    for attempt in range(DTYPE_DRAWS):
+        rng = random.Random(rc.seed if not attempt else case_seed(rc.seed, rc.op, -attempt))
+        torch.manual_seed(values_seed)
+        with _swept(rc):
+            gen = GENERATORS[rc.op](rng, dev)
+        if not banned & named_dtypes((*gen.args, *gen.kwargs.values())):
+            break
+    return rng, gen
 
 
 def build_pair(rc: RandomCase, dev: torch.device, values_seed: int, built: Prepared | None = None,

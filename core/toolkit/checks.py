@@ -20,9 +20,14 @@ def enabled() -> bool:
 
 
 def first_out_of_range(index: torch.Tensor, size: int) -> int | None:
-    """The first index value outside ``[0, size)``, or ``None`` (one host sync)."""
+    """The first index value outside ``[0, size)``, or ``None`` (one host sync).
+
+    A ``size`` past the index dtype's range (an int32 index into an expanded view of 2**31 rows) bounds
+    nothing above: torch would compare with the size wrapped to the dtype (every int32 ``>= 2**31 + 8``).
+    """
     flat = index.reshape(-1)
-    bad = (flat < 0) | (flat >= size)
+    top = torch.iinfo(flat.dtype).max if not flat.dtype.is_floating_point and flat.dtype != torch.bool else None
+    bad = flat < 0 if top is not None and size > top else (flat < 0) | (flat >= size)
     if not bool(bad.any()):
         return None
     return int(flat[bad.nonzero()[0, 0]])

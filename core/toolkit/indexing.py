@@ -401,7 +401,7 @@ def plan_index(a: torch.Tensor, b: torch.Tensor, dim: int, index: torch.Tensor, 
     row_strides = (*o_a, a_st[dim], *o_b, b_st[dim]) + ((cols,) if a_linear else ())
     aligned = all(st % 16 == 0 for st in row_strides) and (a_unit or a_linear) and b_unit
     constexprs = {"BLOCK_R": block_r, "BLOCK_C": block_c, "SCATTER": scatter, "INDEX_MODE": mode,
-                  "INT64": _needs_int64(a, b, index, rows * cols, (block_r + 1) * max(cols, 1)),
+                  "INT64": _needs_int64(a, b, index, rows * cols, (block_r + 1) * max(cols, 1), b.shape[dim]),
                   "A_LINEAR": a_linear, "A_UNIT": a_unit, "B_UNIT": b_unit, "ALIGNED": aligned,
                   "FALLBACK": fallback, "ROWS": _rows_form(o_sizes, j_size, block_r),
                   "WHOLE_TILES": rows % block_r == 0 and cols % block_c == 0,
@@ -445,14 +445,21 @@ def _row_major(sizes: tuple[int, ...], strides: tuple[int, ...]) -> bool:
     return True
 
 
-def _needs_int64(a: torch.Tensor, b: torch.Tensor, index: torch.Tensor, work: int, pad: int) -> bool:
+def _needs_int64(a: torch.Tensor, b: torch.Tensor, index: torch.Tensor, work: int, pad: int,
+                 dim_size: int = 0) -> bool:
     """Any index or offset (a masked tile's overhang of ``pad`` included) reaching 2**31.
 
     ``index`` counts too: a view with a large stride (a column of a big
-    matrix) is read at ``j * stride``.
+    matrix) is read at ``j * stride``. So does ``dim_size``, ``b``'s size along
+    the indexed dimension, which every index is compared with: an expanded
+    (stride-0) view spans nothing yet may have 2**31 rows or more, and the
+    size narrowed to int32 would declare every index out of range (zeros
+    written). Past 2**30 already: a layout class's sizes share one power-of-two
+    bucket, which then takes one choice.
     """
     limit = INT32_LIMIT - pad
-    return work >= limit or any(span(t.shape, t.stride()) >= limit for t in (a, b, index))
+    return (work >= limit or dim_size > INT32_LIMIT // 2
+            or any(span(t.shape, t.stride()) >= limit for t in (a, b, index)))
 
 
 #: Plans per geometry: planning costs ~10 µs of Python, a cached launch ~3 µs.

@@ -24,6 +24,14 @@ def _cases():
     yield _select("permuted-4d", lambda d: values((3, 4, 5, 6), f32, d).permute(3, 1, 0, 2), 2, [2, 0, 1, 1])
     yield _select("channels-last", lambda d: values((2, 5, 3, 4), f32, d).to(memory_format=torch.channels_last), 1,
                   [4, 0])
+    # Expanded (stride-0) views of more than 2**31 elements over one row of storage: every index is compared
+    # with a size past int32 (narrowed, it declared each index out of range: zeros, or IndexError when checking).
+    yield _select("expanded-past-2**31-int32-index", lambda d: values((1,), f32, d).expand(2**31 + 8), 0,
+                  [2**31 - 1, 5, 0], torch.int32)
+    yield _select("expanded-past-2**31-int64-index", lambda d: values((1,), f32, d).expand(2**31 + 8), 0,
+                  [2**31 + 7, 2**31, 3])
+    yield _select("expanded-rows-past-2**31-elements", lambda d: values((1, 8), f32, d).expand(2**28 + 1, 8), 0,
+                  [2**28, 0, 7], torch.int32)
     yield _select("zero-dim-index", lambda d: values((4, 6), f32, d), 1, 3)
     yield _select("zero-dim-input", lambda d: values((), f32, d), 0, [0])
     yield _select("empty-index", lambda d: values((4, 6), f32, d), 1, [])
