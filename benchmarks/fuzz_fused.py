@@ -1,0 +1,270 @@
+"""Differential fuzz of flaggems' fused operators against a float64 oracle, through both entries.
+
+    python benchmarks/fuzz_fused.py [--op rms_norm] [--cases 10000] [--entry compiled --entry python]
+                                    [--seed 0] [--json out.json]
+
+Each case comes from the randomized kit's generator of the op
+(:mod:`flaggems.testing._generators_fused`: the layouts transformers and
+diffusers make, q/k cut from a fused qkv projection, ``chunk`` halves of a
+merged gate/up projection, size-0 and size-1 dimensions, special values,
+inputs that require grad, calls the kernels decline); a share of the cases
+(``--large``) is drawn with wide rows (odd and large hidden and intermediate
+sizes up to 16,384; rotary: up to 2**20 elements). Each case runs:
+
+* flaggems (enabled, the entry under test), twice: the first call plans, the
+  second replays; both compared;
+* torch's reference in the case's dtype (flaggems disabled);
+* the oracle: the reference on float64 copies of every floating input.
+
+A result passes when its error against the oracle is at most twice torch's
+own plus a few units of its dtype's rounding (relative to the oracle's
+magnitude), elementwise, with the same NaN positions, shape, dtype and
+strides as torch's; gradients (a random ``grad_output``, backward through
+autograd) are judged the same way. A call torch rejects must raise the same
+exception type. The tally lists failures with a reproducer seed. Exit 1 on
+any failure. Not a benchmark: no timing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import sys
+import time
+from collections import Counter
+from typing import Any
+
+import torch
+
+import flaggems
+from flaggems import compiled
+from flaggems.binding import native_scope
+from flaggems.testing import _generators_fused as fused
+
+OPS = tuple(name.split("::")[-1] for name in fused.FUSED_GENERATORS)
+#: Wide rows for the ``--large`` share: odd and large hidden sizes, as 1B-70B decoders make them.
+LARGE_HIDDEN = (1, 7, 896, 1000, 1536, 2048, 3000, 3584, 4095, 4096, 5120, 8191, 8192, 11008, 16384)
+#: The element budget of a wide case (the kit's own is 2,048, for the interpreter).
+LARGE_NUMEL = 1 << 20
+#: Units of rounding allowed beyond twice torch's own error (the kernels reduce in another order).
+SLACK_ULPS = 8
+INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
+
+
+def _float64(value: Any) -> Any:
+    """``value`` with every floating tensor as a float64 leaf (requires_grad kept), others unchanged."""
+    if isinstance(value, torch.Tensor) and value.is_floating_point():
+        copy = value.detach().to(torch.float64)
+        return copy.requires_grad_(value.requires_grad)
+    return value
+
+
+def _leaves(args: tuple, kwargs: dict) -> list[torch.Tensor]:
+    return [v for v in (*args, *kwargs.values()) if isinstance(v, torch.Tensor) and v.requires_grad]
+
+
+def _outputs(result: Any) -> list[torch.Tensor]:
+    return list(result) if isinstance(result, (tuple, list)) else [result]
+
+
+def _eps(dtype: torch.dtype) -> float:
+    return torch.finfo(dtype).eps if dtype.is_floating_point else 0.0
+
+
+def _judge(name: str, got: torch.Tensor, ref: torch.Tensor, oracle: torch.Tensor, *, strides: bool = True,
+           low: torch.dtype | None = None) -> str | None:
+    """Why ``got`` is farther from the float64 oracle than torch's ``ref`` allows, or ``None``.
+
+    Element ``i`` may be off the oracle by twice torch's own error there or twice torch's largest error over
+    the tensor (the kernels reduce in another order: an element where torch happened to be exact is not a
+    failure), plus ``SLACK_ULPS`` of its dtype relative to its size (floored at 1e-3 of the largest). On
+    Triton's interpreter, which truncates to bf16/fp16, one more unit of ``low`` (the lowest-precision dtype
+    among the inputs) relative to the element. NaN and inf must be where torch has them.
+    """
+    if got.shape != ref.shape or got.dtype != ref.dtype:
+        return f"{name}: shape/dtype {tuple(got.shape)} {got.dtype}, torch {tuple(ref.shape)} {ref.dtype}"
+    if got.numel() == 0:
+        return None
+    if strides and got.stride() != ref.stride() and not any(n <= 1 for n in got.shape):
+        return f"{name}: strides {got.stride()}, torch {ref.stride()}"
+    g, r, o = got.double(), ref.double(), oracle.double()
+    finite = torch.isfinite(o)
+    bad_nan = torch.isnan(g) & ~torch.isnan(r)
+    if bad_nan.any():
+        return f"{name}: NaN where torch has none ({int(bad_nan.sum())} elements)"
+    bad_inf = (torch.isinf(g) != torch.isinf(r)) & finite & torch.isfinite(r)
+    if bad_inf.any():
+        return f"{name}: inf where torch is finite ({int(bad_inf.sum())} elements)"
+    both = finite & torch.isfinite(g) & torch.isfinite(r)
+    if not both.any():
+        return None
+    g, r, o = g[both], r[both], o[both]
+    scale = o.abs().amax().item()
+    size = o.abs() + 1e-3 * scale + 1e-30
+    err_g, err_r = (g - o).abs(), (r - o).abs()
+    slack = SLACK_ULPS * _eps(got.dtype) + (2 * _eps(low) if low is not None and INTERPRETED else 0.0)
+    allowed = torch.maximum(2 * err_r, 2 * err_r.amax().expand_as(err_r)) + slack * size
+    worst = (err_g - allowed).argmax()
+    if err_g[worst] > allowed[worst]:
+        return (f"{name}: error {err_g[worst].item():.3g} at an element of size {o[worst].abs().item():.3g}, "
+                f"allowed {allowed[worst].item():.3g} (torch's there {err_r[worst].item():.3g}, its largest "
+                f"{err_r.max().item():.3g}; largest of the oracle {scale:.3g})")
+    return None
+
+
+def _rms_norm64(input: torch.Tensor, weight: torch.Tensor | None, eps: float, weight_offset: float = 0.0,
+                cast_first: bool = True) -> torch.Tensor:
+    """rms_norm in float64 throughout (the reference's ``input.float()`` would bring a float64 input to fp32)."""
+    x = input.double()
+    normed = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
+    return normed if weight is None else normed * (weight.double() + weight_offset)
+
+
+def _add_rms_norm64(input: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor | None, eps: float,
+                    weight_offset: float = 0.0, cast_first: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+    total = input.double() + residual.double()
+    return _rms_norm64(total, weight, eps, weight_offset, cast_first), total
+
+
+#: The oracle of each op: its torch reference on float64 inputs, except where the reference casts to fp32.
+ORACLES = {**flaggems.ops.REFERENCES, "rms_norm": _rms_norm64, "add_rms_norm": _add_rms_norm64}
+
+
+def _lowest(args: tuple, kwargs: dict) -> torch.dtype | None:
+    """The floating dtype of least precision among the tensor arguments."""
+    dtypes = [v.dtype for v in (*args, *kwargs.values()) if isinstance(v, torch.Tensor) and v.is_floating_point()]
+    return max(dtypes, key=_eps, default=None)
+
+
+def _run(op: torch._ops.OpOverload, args: tuple, kwargs: dict) -> tuple[Any, BaseException | None]:
+    try:
+        return op(*args, **kwargs), None
+    except Exception as exc:  # noqa: BLE001 - compared with torch's own exception
+        return None, exc
+
+
+def _grads(result: Any, leaves: list[torch.Tensor], seed: int) -> list[torch.Tensor | None]:
+    outs = [t for t in _outputs(result) if isinstance(t, torch.Tensor) and t.requires_grad]
+    if not outs or not leaves:
+        return []
+    gen = torch.Generator(device=outs[0].device).manual_seed(seed)
+    grad_outs = [torch.randn(t.shape, generator=gen, device=t.device, dtype=torch.float64).to(t.dtype) for t in outs]
+    return list(torch.autograd.grad(outs, leaves, grad_outs, allow_unused=True))
+
+
+def _draw(op: str, seed: int, dev: torch.device, large: bool) -> Any:
+    rng = random.Random(seed)
+    torch.manual_seed(seed)  # the generators draw values from torch's generator: a seed rebuilds its case
+    if not large:
+        return fused.FUSED_GENERATORS[f"flaggems::{op}"](rng, dev)
+    saved = fused.MAX_NUMEL, fused.HIDDEN, fused.INTERMEDIATE, fused.lead_shape.__defaults__
+    try:
+        fused.MAX_NUMEL = LARGE_NUMEL
+        fused.lead_shape.__defaults__ = (LARGE_NUMEL,)
+        fused.HIDDEN = fused.INTERMEDIATE = LARGE_HIDDEN
+        return fused.FUSED_GENERATORS[f"flaggems::{op}"](rng, dev)
+    finally:
+        fused.MAX_NUMEL, fused.HIDDEN, fused.INTERMEDIATE, fused.lead_shape.__defaults__ = saved
+
+
+def check_case(op_name: str, seed: int, dev: torch.device, large: bool) -> tuple[str, str | None]:
+    """One case: its outcome (``ok``, ``both-raise``, ``fail``) and the reason of a failure (with the case)."""
+    gen = _draw(op_name, seed, dev, large)
+    outcome, reason = _check(flaggems.ops.overload(op_name), gen, seed)
+    return outcome, None if reason is None else f"{reason} [{gen.kind}]"
+
+
+def _check(op: torch._ops.OpOverload, gen: Any, seed: int) -> tuple[str, str | None]:
+    args, kwargs = gen.args, gen.kwargs
+    low = _lowest(args, kwargs)
+    with native_scope():
+        ref, ref_exc = _run(op, args, kwargs)
+        ref_grads = _grads(ref, _leaves(args, kwargs), seed) if ref_exc is None else []
+        args64 = tuple(_float64(a) for a in args)
+        kwargs64 = {k: _float64(v) for k, v in kwargs.items()}
+        oracle, oracle_exc = _run(ORACLES[op.__name__.split(".")[0]], args64, kwargs64)
+        oracle_grads = _grads(oracle, _leaves(args64, kwargs64), seed) if oracle_exc is None else []
+    for call in ("planned", "replayed"):
+        got, exc = _run(op, args, kwargs)
+        if ref_exc is not None or exc is not None:
+            if ref_exc is None or exc is None or type(ref_exc) is not type(exc):
+                return "fail", f"{call}: flaggems {exc!r}, torch {ref_exc!r}"
+            continue
+        if oracle_exc is not None:  # float64 outside the reference's dtypes (a mixed case): torch's own answer
+            oracle, oracle_grads = ref, ref_grads
+        for i, (g, r, o) in enumerate(zip(_outputs(got), _outputs(ref), _outputs(oracle))):
+            reason = _judge(f"{call} output {i}", g, r, o, low=low)
+            if reason:
+                return "fail", reason
+        grads = _grads(got, _leaves(args, kwargs), seed)
+        for i, (g, r, o) in enumerate(zip(grads, ref_grads, oracle_grads)):
+            if (g is None) != (r is None):
+                return "fail", f"{call} grad {i}: defined {g is not None}, torch {r is not None}"
+            if g is not None:
+                # raw autograd.grad layouts are the op's choice; .backward() lays a leaf's grad out like it
+                reason = _judge(f"{call} grad {i}", g, r, o, strides=False, low=low)
+                if reason:
+                    return "fail", reason
+    return ("both-raise" if ref_exc is not None else "ok"), None
+
+
+def fuzz(op_name: str, entry: str, cases: int, seed: int, large_share: float, dev: torch.device) -> dict[str, Any]:
+    """``cases`` cases of one op through one entry: the tally and the failures."""
+    os.environ["FLAGGEMS_ENTRY"] = entry
+    compiled.reset()
+    flaggems.enable()
+    active = flaggems.info()["entry"]["active"]
+    tally: Counter[str] = Counter()
+    failures: list[dict[str, Any]] = []
+    start = time.perf_counter()
+    try:
+        for i in range(cases):
+            case_seed = seed * 1_000_003 + i
+            large = random.Random(case_seed ^ 0x5EED).random() < large_share
+            try:
+                outcome, reason = check_case(op_name, case_seed, dev, large)
+            except Exception as exc:  # noqa: BLE001 - a harness error is a failure with its seed
+                outcome, reason = "fail", f"harness: {exc!r}"
+            tally[outcome] += 1
+            tally["large"] += large
+            if reason:
+                failures.append({"seed": case_seed, "large": large, "reason": reason})
+        declined = {d["reason"]: d["count"] for d in flaggems.routes(f"flaggems::{op_name}")[0]["declined"]}
+    finally:
+        flaggems.disable()
+    tally["declined"] = sum(declined.values())  # calls (Python entry) or layouts first seen (compiled entry)
+    return {"op": op_name, "entry": active, "declines": declined, "cases": cases, "tally": dict(tally),
+            "failures": failures[:50], "failed": len(failures), "seconds": round(time.perf_counter() - start, 1)}
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the fuzz; print one line per op and entry; exit 1 on a failure."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--op", action="append", choices=OPS)
+    parser.add_argument("--entry", action="append", choices=("compiled", "python"))
+    parser.add_argument("--cases", type=int, default=10_000)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--large", type=float, default=0.1, help="share of cases with wide rows")
+    parser.add_argument("--json")
+    opts = parser.parse_args(argv)
+    dev = torch.device(flaggems.backend().device_type)
+    torch.backends.cuda.matmul.allow_tf32 = False
+    results = []
+    for op_name in opts.op or OPS:
+        for entry in opts.entry or ("compiled", "python"):
+            r = fuzz(op_name, entry, opts.cases, opts.seed, opts.large, dev)
+            results.append(r)
+            print(f"{op_name:<16} {r['entry']:<9} {r['cases']} cases: {r['tally']}, {r['failed']} failed, "
+                  f"{r['seconds']} s", flush=True)
+            for f in r["failures"][:5]:
+                print(f"    seed {f['seed']}{' large' if f['large'] else ''}: {f['reason']}", flush=True)
+    if opts.json:
+        with open(opts.json, "w") as fh:
+            json.dump({"device": str(dev), "torch": torch.__version__, "results": results}, fh, indent=1)
+    return 1 if any(r["failed"] for r in results) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
