@@ -99,8 +99,9 @@ def logits_error(reference: torch.Tensor, output: torch.Tensor) -> float:
 class Checks:
     """Runs named checks, keeps each outcome (ok, error with its numbers, or the exception and traceback)."""
 
-    def __init__(self) -> None:
+    def __init__(self, path: str | None = None) -> None:
         self.results: list[dict[str, Any]] = []
+        self.path = path  # rewritten after every check: a run stopped by its time limit keeps what it did
 
     def run(self, name: str, fn: Callable[[], dict[str, Any]]) -> None:
         """Run one check: ``fn`` returns its numbers and ``ok``; an exception fails it."""
@@ -117,6 +118,9 @@ class Checks:
         self.results.append(row)
         shown = {k: v for k, v in row.items() if k not in ("name", "traceback", "ok")}
         print(f"{'ok  ' if row['ok'] else 'FAIL'} {name}: {shown}", flush=True)
+        if self.path:
+            with open(self.path, "w") as fh:
+                json.dump({"results": self.results}, fh, indent=1)
 
 
 def check_compile(model: Any, sizes: dict[str, int], name: str, lengths: tuple[int, ...], **compile_args: Any
@@ -255,10 +259,10 @@ def check_cuda_graph(model: Any, sizes: dict[str, int], name: str, steps: int = 
     return {"ok": error <= TOLERANCE, "error": round(error, 5)}
 
 
-def all_checks(smoke: bool) -> list[dict[str, Any]]:
+def all_checks(smoke: bool, path: str | None = None) -> list[dict[str, Any]]:
     """Every check (:func:`main`'s ``checks``)."""
     sizes = SMOKE if smoke else SMALL
-    checks = Checks()
+    checks = Checks(path)
     llama = build("llama", sizes)
     lengths = (24, 40)
     for who in ("enabled", "patched"):
@@ -453,7 +457,7 @@ def main(argv: list[str] | None = None) -> int:
     flaggems.disable()
     print(json.dumps(meta), flush=True)
     if opts.what == "checks":
-        results = all_checks(opts.smoke)
+        results = all_checks(opts.smoke, opts.json and opts.json + '.partial')
         failed = [r["name"] for r in results if not r["ok"]]
         print(f"{len(results) - len(failed)} of {len(results)} checks passed"
               + (f"; failed: {failed}" if failed else ""))

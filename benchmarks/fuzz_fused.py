@@ -231,6 +231,8 @@ def fuzz(op_name: str, entry: str, cases: int, seed: int, large_share: float, de
             tally["large"] += large
             if reason:
                 failures.append({"seed": case_seed, "large": large, "reason": reason})
+            if (i + 1) % 2000 == 0:
+                print(f"  {op_name} {active}: {i + 1} cases, {dict(tally)}", flush=True)
         declined = {d["reason"]: d["count"] for d in flaggems.routes(f"flaggems::{op_name}")[0]["declined"]}
     finally:
         flaggems.disable()
@@ -260,9 +262,9 @@ def main(argv: list[str] | None = None) -> int:
                   f"{r['seconds']} s", flush=True)
             for f in r["failures"][:5]:
                 print(f"    seed {f['seed']}{' large' if f['large'] else ''}: {f['reason']}", flush=True)
-    if opts.json:
-        with open(opts.json, "w") as fh:
-            json.dump({"device": str(dev), "torch": torch.__version__, "results": results}, fh, indent=1)
+            if opts.json:  # after every op and entry: a run stopped by its time limit keeps what it did
+                with open(opts.json, "w") as fh:
+                    json.dump({"device": str(dev), "torch": torch.__version__, "results": results}, fh, indent=1)
     return 1 if any(r["failed"] for r in results) else 0
 
 

@@ -4,7 +4,9 @@
 #   bash benchmarks/gpu_checks.sh [pytest selection...]
 # Writes logs and JSON under $OUT (or ./gpu-out). stevedore comes from .whl/.
 # STEPS picks what runs (default "tests hot_path bench"; also "small" (benchmarks/small_calls.py),
-# "models" (flaggems bench --models), "probe" (benchmarks/probe.py), "new_shapes" (benchmarks/new_shapes.py),
+# "models" (flaggems bench --models), "fuzz" (benchmarks/fuzz_fused.py, in the background beside the next
+# steps), "compile" (benchmarks/compile_checks.py checks), "compile_timings" (its timings),
+# "probe" (benchmarks/probe.py), "new_shapes" (benchmarks/new_shapes.py),
 # "kit" (the randomized conformance kit,
 # KIT_CASES per op, generic and each vendor simulated) and "vendors": each vendor's tests and
 # conformance kit simulated on this GPU, and its bench rows against the generic route or tuning).
@@ -24,6 +26,9 @@ nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
 python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"
 python3 -m flaggems info
 steps=" ${STEPS:-tests hot_path bench} "
+if [[ $steps == *" fuzz "* || $steps == *" compile"* ]]; then
+  timeout 240 python3 -m flaggems build 2>&1 | tail -1  # once, before several processes would wait on it
+fi
 if [[ $steps == *" tests "* ]]; then
 echo "== pytest"
 FLAGGEMS_CHECK_INDICES=1 timeout ${TEST_TIMEOUT:-330} python3 -m pytest -q -p no:cacheprovider --maxfail=25 \
@@ -134,4 +139,29 @@ if [[ $steps == *" bench "* ]]; then
 echo "== bench"
 timeout ${BENCH_TIMEOUT:-300} python3 -m flaggems bench ${BENCH_ARGS:-} --json "$out/bench.json" --plot "$out/bench.png" >"$out/bench.log" 2>&1
 echo "bench exit $?"; tail -80 "$out/bench.log"
+fi
+if [[ $steps == *" fuzz "* ]]; then
+echo "== fused ops against float64: FUZZ_CASES (default 10000) per op and entry, one process per op, in the background"
+mkdir -p "$out/fuzz"
+for op in ${FUZZ_OPS:-rms_norm add_rms_norm rotary_embedding silu_mul gelu_tanh_mul gelu_mul group_norm_silu}; do
+  timeout ${FUZZ_TIMEOUT:-540} python3 benchmarks/fuzz_fused.py --op $op --cases ${FUZZ_CASES:-10000} \
+    --json "$out/fuzz/$op.json" >"$out/fuzz/$op.log" 2>&1 &
+done
+fi
+if [[ $steps == *" compile "* ]]; then
+echo "== torch.compile modes, static-cache generate, CUDA graphs (benchmarks/compile_checks.py checks)"
+timeout ${COMPILE_TIMEOUT:-540} python3 benchmarks/compile_checks.py checks --json "$out/compile_checks.json" \
+  >"$out/compile_checks.log" 2>&1
+echo "compile checks exit $?"; grep -E "^(ok|FAIL)|checks passed" "$out/compile_checks.log"
+grep -B2 -A30 "Traceback" "$out/compile_checks.log" | head -80
+fi
+if [[ $steps == *" fuzz "* ]]; then
+wait
+grep -hE "cases:|seed " "$out"/fuzz/*.log | head -60
+tar czf "$out/fuzz.tgz" -C "$out" fuzz && rm -r "$out/fuzz"
+fi
+if [[ $steps == *" compile_timings "* ]]; then
+echo "== eager / compiled / CUDA-graph sides (benchmarks/compile_checks.py timings)"
+timeout ${TIMINGS_TIMEOUT:-560} python3 benchmarks/compile_checks.py timings ${TIMINGS_ARGS:-} \
+  --json "$out/compile_timings.json" 2>&1 | tail -30
 fi
