@@ -326,7 +326,7 @@ def _kernel_ms(fn: Callable[[], Any], calls: int = 5) -> float:
         for _ in range(calls):
             fn()
         torch.cuda.synchronize()
-    total = sum(e.device_time_total for e in prof.key_averages() if e.device_type.name == "CUDA")
+    total = sum(e.self_device_time_total for e in prof.key_averages() if str(e.device_type).endswith("CUDA"))
     return total / 1e3 / calls
 
 
@@ -358,7 +358,9 @@ def timing_sides(family: str, sizes: dict[str, int], batch: int, length: int, de
                 "cache_position": torch.tensor([length], device=DEVICE)}
 
     def step_of(model: Any, fn: Any) -> Callable[[], Any]:
-        kwargs = state.setdefault(id(model), inputs(model))
+        if id(model) not in state:  # one cache per model, shared by its eager, compiled and graphed sides
+            state[id(model)] = inputs(model)
+        kwargs = state[id(model)]
         return lambda: fn(**kwargs).logits
 
     on, off = flaggems.enable, flaggems.disable

@@ -252,7 +252,8 @@ def unservable(args: Sequence[Any], kwargs: dict[str, Any] | None = None, tangen
     subclass (the fake tensors torch.compile traces with, wrapper subclasses), a functorch wrapper (vmap,
     grad, jvp), a functionalized, sparse or nested tensor, or one carrying a forward-AD tangent; and any call
     made while a ``TorchDispatchMode`` is on the stack (a user's logging mode, torch.compile's fake and
-    functional tracing modes: each must see the ops torch's kernel makes). Such calls go to torch's kernel. On an Autograd key (CompositeImplicitAutograd ops such as ``repeat_interleave`` and
+    functional tracing modes: each must see the ops torch's kernel makes). Such calls go to torch's kernel.
+    On an Autograd key (CompositeImplicitAutograd ops such as ``repeat_interleave`` and
     ``group_norm``) all of them arrive as they are; below it torch's fallbacks resolve most, but not the
     negative bit for every op (``copy_``, ``repeat_interleave.Tensor``'s ``repeats``). The compiled entry
     makes the same check in C++; the Python entry here; the conformance kit before each direct call.

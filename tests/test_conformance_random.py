@@ -162,11 +162,11 @@ def test_the_kit_draws_only_dtypes_the_backend_computes(monkeypatch):
     """A backend declaring ``unsupported_dtypes`` (float64 on Ascend) gets no case naming one: routing would
     decline it on every implementation (``FLAGGEMS_VENDOR=ascend flaggems kit --op index_copy --cases 5``
     once drew float64 for all five cases and ran none). Without a limit, the streams are as they were."""
+    import random
+
     import torch
 
     from flaggems.testing import cases_for
-
-    import random
 
     cpu = torch.device("cpu")
     ops = sorted({target.op for target in TARGETS})

@@ -48,8 +48,17 @@ from typing import Any
 
 import torch
 
-from . import (DEVICE_ASSERT, NATIVE_CONTIGUOUS_ON_GPU, Case, Declined, _sweep, assert_same, cases_for, device,
-               unsupported_dtypes)
+from . import (
+    DEVICE_ASSERT,
+    NATIVE_CONTIGUOUS_ON_GPU,
+    Case,
+    Declined,
+    _sweep,
+    assert_same,
+    cases_for,
+    device,
+    unsupported_dtypes,
+)
 from ._generators import GENERATORS as ATEN_GENERATORS
 from ._generators_fused import FUSED_GENERATORS
 from ._layouts import Built, relayout, twin, written_arguments
