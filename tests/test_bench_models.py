@@ -92,7 +92,8 @@ def test_settings_defaults_and_overrides():
     decode, prefill = models.select(["qwen2_decode_b8_static"])[0], models.select(["llama_prefill"])[0]
     assert (full.rounds_for(decode), full.warmup_for(decode), full.rounds_for(prefill)) == (8, 1, 15)
     assert models.Settings.from_args(parser.parse_args(["--rounds", "4"])).rounds_for(prefill) == 4
-    assert full.sides == models.SIDE_NAMES
+    assert full.sides == models.DEFAULT_SIDES == ("torch", "flaggems", "patched", "liger")  # compiled: opt-in
+    assert models.Settings.from_args(parser.parse_args(["--side", "compiled"])).sides == ("torch", "compiled")
     assert models.Settings.from_args(parser.parse_args(["--side", "patched"])).sides == ("torch", "patched")
     assert full.steps_for(150.0) == 1 and full.steps_for(20.0) == 10 and full.steps_for(0.01) == full.max_steps
     assert models.Settings(smoke=False, steps=4).steps_for(0.01) == 4
@@ -466,3 +467,21 @@ def test_sd15_train_check_judges_a_tensor_beyond_the_tolerance_against_fp32_with
     assert models._relative_norms(reference, close_to_fp32, 1e-3, exact=lambda: exact).match
     verdict = models._relative_norms(reference, far, 1e-3, exact=lambda: exact)
     assert not verdict.match and "less accurate than torch" in verdict.detail
+
+
+def test_the_compiled_sides_run_a_prefill_and_match_torch(tmp_path):
+    """``--side compiled --side patched+compiled``: torch.compile of the model, and of a patched copy with
+    flaggems enabled (inductor's CPU codegen here); each matches torch and reports its compile's seconds;
+    ``generate()`` workloads omit them."""
+    pytest.importorskip("transformers")
+    path = tmp_path / "models.json"
+    code = main(["bench", "--models", "--smoke", "--only", "llama_prefill", "--side", "compiled",
+                 "--side", "patched+compiled", "--json", str(path)])
+    (result,) = json.loads(path.read_text())["results"]
+    assert code == 0, result
+    sides = result["sides"]
+    assert [n for n, s in sides.items() if s["status"] == "ok"] == ["torch", "compiled", "patched+compiled"]
+    assert all(sides[n]["match"] is True and sides[n]["info"]["compile_s"] > 0
+               for n in ("compiled", "patched+compiled")), sides
+    case = SimpleNamespace(slot=object(), params={"generate": {}})
+    assert "generate" in models.make_side("compiled", torch.device("cpu")).omitted(case)

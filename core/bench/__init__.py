@@ -106,9 +106,11 @@ def add_model_arguments(parser: argparse.ArgumentParser, prefix: str = "with --m
     parser.add_argument("--warmup", type=_count(0), metavar="N",
                         help=f"{prefix}untimed steps per side before the rounds (default: each workload's, 3, "
                              "or 1 for the *_decode_b* ones; 0 with --smoke)")
-    parser.add_argument("--side", action="append", default=[], choices=("flaggems", "patched", "liger"),
+    parser.add_argument("--side", action="append", default=[],
+                        choices=("flaggems", "patched", "liger", "compiled", "patched+compiled"),
                         help=f"{prefix}time torch against this side only (repeatable; default: flaggems, "
-                             "patched, and liger where liger_kernel is installed)")
+                             "patched, and liger where liger_kernel is installed; compiled: torch.compile of "
+                             "the model, patched+compiled: of a patched copy with flaggems enabled)")
 
 
 def _count(least: int) -> Callable[[str], int]:

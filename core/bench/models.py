@@ -143,8 +143,11 @@ from .report import plot_available
 from .runner import FLAGGEMS, TOLERANCES, TORCH, Target
 
 PATCHED, LIGER = "patched", "liger"
+COMPILED, PATCHED_COMPILED = "compiled", "patched+compiled"
 #: Every side, in the order they run (torch first: its output is the reference).
-SIDE_NAMES = (TORCH, FLAGGEMS, PATCHED, LIGER)
+SIDE_NAMES = (TORCH, FLAGGEMS, PATCHED, LIGER, COMPILED, PATCHED_COMPILED)
+#: The sides a run has unless ``--side`` chooses (the compiled ones cost a compile per workload and side).
+DEFAULT_SIDES = (TORCH, FLAGGEMS, PATCHED, LIGER)
 #: The sides of the UNet stack and of any workload without a transformers model.
 SIDES = (TORCH, FLAGGEMS)
 SMOKE_BANNER = ("SMOKE RUN: tiny models, one step per round; the timings below are meaningless "
@@ -187,7 +190,7 @@ class Settings:
     warmup: int | None = None
     round_ms: float = 200.0
     max_steps: int = 200
-    sides: tuple[str, ...] = SIDE_NAMES
+    sides: tuple[str, ...] = DEFAULT_SIDES
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> Settings:
@@ -196,7 +199,7 @@ class Settings:
         base = cls(smoke=True, steps=1, rounds=1, warmup=0) if smoke else cls(smoke=False)
         steps, rounds, warmup = (getattr(args, name, None) for name in ("steps", "rounds", "warmup"))
         chosen = tuple(getattr(args, "side", None) or ())
-        sides = tuple(s for s in SIDE_NAMES if s == TORCH or s in chosen) if chosen else SIDE_NAMES
+        sides = tuple(s for s in SIDE_NAMES if s == TORCH or s in chosen) if chosen else DEFAULT_SIDES
         return cls(smoke=smoke, steps=base.steps if steps is None else steps,
                    rounds=base.rounds if rounds is None else rounds,
                    warmup=base.warmup if warmup is None else warmup, sides=sides)
@@ -1579,6 +1582,64 @@ class LigerSide(Side):
         self.model, self.swaps = None, []
 
 
+class CompiledSide(Side):
+    """``torch.compile`` (inductor, default mode) of the model, flaggems off: the compiler's own speed.
+
+    The compile happens in :meth:`prepare` (its seconds go to the report); ``generate()`` workloads omit
+    the side (``generate`` calls the module's own forward; transformers compiles it through ``compile_config``).
+    """
+
+    name = COMPILED
+    uses_flaggems = False
+    patched = False
+
+    def __init__(self) -> None:
+        self.model: Any = None
+        self.compile_s: float | None = None
+
+    def omitted(self, case: Case) -> str | None:
+        """A transformers model whose step calls the module (not ``generate``)."""
+        if case.slot is None:
+            return "no transformers model"
+        return "generate() runs the module's own forward" if "generate" in case.params else None
+
+    def prepare(self, case: Case) -> None:
+        """Compile (a patched deep copy on the patched side) and run one step: the compile's seconds."""
+        model = case.slot.original
+        if self.patched:
+            model = copy.deepcopy(model)
+            flaggems.patch(model)
+        torch._dynamo.reset()
+        self.model = torch.compile(model)
+        start = time.perf_counter()
+        with self.active(case):
+            case.step(OFF)
+            runner.synchronize(next(model.parameters()).device)
+        self.compile_s = round(time.perf_counter() - start, 2)
+
+    @contextlib.contextmanager
+    def scope(self, case: Case) -> Iterator[None]:
+        """The compiled model in the slot inside the block."""
+        with case.slot.holding(self.model):
+            yield
+
+    def info(self) -> dict[str, Any]:
+        """The first step's seconds (the compile)."""
+        return {"compile_s": self.compile_s} if self.compile_s is not None else {}
+
+    def release(self) -> None:
+        """Drop the compiled model."""
+        self.model = None
+
+
+class PatchedCompiledSide(CompiledSide):
+    """``torch.compile`` of a patched deep copy, flaggems enabled: flaggems with the compiler."""
+
+    name = PATCHED_COMPILED
+    uses_flaggems = True
+    patched = True
+
+
 def run_sides(settings: Settings) -> tuple[list[str], dict[str, str]]:
     """The sides of this run (``--side``; liger only where importable) and why any is absent."""
     absent: dict[str, str] = {}
@@ -1590,7 +1651,9 @@ def run_sides(settings: Settings) -> tuple[list[str], dict[str, str]]:
 
 def make_side(name: str, device: torch.device) -> Side:
     """A fresh side (its state lives for one workload)."""
-    return {TORCH: Side, FLAGGEMS: FlaggemsSide, PATCHED: PatchedSide}.get(name, functools.partial(LigerSide, device))()
+    sides = {TORCH: Side, FLAGGEMS: FlaggemsSide, PATCHED: PatchedSide, COMPILED: CompiledSide,
+             PATCHED_COMPILED: PatchedCompiledSide}
+    return sides.get(name, functools.partial(LigerSide, device))()
 
 
 # -- calls per step -------------------------------------------------------------------------
