@@ -80,7 +80,7 @@ import torch
 import torch.nn.functional as F  # noqa: N812 - torch's own spelling
 from torch import nn
 
-from . import ops
+from . import fused_linear, ops
 
 #: Attribute a patched module carries (the kind of patch); plain attributes are not part of ``state_dict()``.
 MARK = "_flaggems_patched"
@@ -238,6 +238,7 @@ class _Undo:
         self.model = weakref.ref(model)  # no cycle: a model nobody holds is freed (and its finalizer runs) at once
         self.forwards: list[nn.Module] = []
         self.functions: list[tuple[str, str, Callable[..., Any]]] = []  # (module name, attribute, replacement)
+        self.fused: list[fused_linear.FusedLinear] = []  # projections sharing one weight (storage split back)
         self.release: weakref.finalize | None = None  # gives the module functions back (unpatch, or model freed)
 
     def hold(self) -> None:
@@ -249,7 +250,7 @@ class _Undo:
         self.release = weakref.finalize(self.model(), _restore_functions, held)
 
     def __getstate__(self) -> dict[str, Any]:
-        return {"model": self.model(), "forwards": self.forwards, "functions": self.functions}
+        return {"model": self.model(), "forwards": self.forwards, "functions": self.functions, "fused": self.fused}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state, model=weakref.ref(state["model"]))
@@ -439,9 +440,13 @@ class _MlpForward(PatchedForward):
     def __init__(self, module: nn.Module, form: str) -> None:
         super().__init__(module)
         self.op = ops.overload(_GLU_OPS[_activation(module, _MLP_LAYOUTS[form][1])])
+        self.gate_up: fused_linear.FusedLinear | None = None  # gate and up as one GEMM (patch sets it)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         module = self.module
+        if self.gate_up is not None and self.gate_up.serves():
+            gate, up = self.gate_up(x)
+            return module.down_proj(self.op(gate, up))
         return module.down_proj(self.op(module.gate_proj(x), module.up_proj(x)))
 
 
@@ -833,6 +838,36 @@ _DIFFUSERS_KINDS: tuple[tuple[frozenset[str], Callable[[nn.Module], str | None],
 )
 
 
+def _fuse(name: str, module: nn.Module, names: tuple[str, ...], shared: dict[int, int], report: PatchReport,
+          undo: _Undo) -> fused_linear.FusedLinear | None:
+    """``module``'s projections ``names`` over one weight (:mod:`flaggems.fused_linear`), or ``None`` with the
+    reason in the report."""
+    linears = [getattr(module, n, None) for n in names]
+    reason = fused_linear.fuse_reason(linears, shared) if all(isinstance(m, nn.Module) for m in linears) else \
+        "not every projection is a module"
+    if reason is not None:
+        report.skipped.append((name, f"{type(module).__name__}: {'/'.join(names)} not fused: {reason}"))
+        return None
+    group = fused_linear.FusedLinear(linears)
+    undo.fused.append(group)
+    report.patched[f"{'_'.join(n.removesuffix('_proj') for n in names)}_proj (one GEMM)"] += 1
+    return group
+
+
+def _fuse_qkv(name: str, attention: nn.Module, shared: dict[int, int], report: PatchReport, undo: _Undo) -> None:
+    """An attention's q/k/v projections as one GEMM: ``q_proj(x)`` computes the three, ``k_proj(x)`` and
+    ``v_proj(x)`` of the same ``x`` take their parts (any other call computes its own)."""
+    names = ("q_proj", "k_proj", "v_proj")
+    if not all(isinstance(getattr(attention, n, None), nn.Linear) for n in names):
+        return
+    group = _fuse(name, attention, names, shared, report, undo)
+    if group is None:
+        return
+    _set_forward(group.linears[0], fused_linear.FirstProjection(group).forward, "fused_projection", undo)
+    for index, linear in enumerate(group.linears[1:], start=1):
+        _set_forward(linear, fused_linear.LaterProjection(group, index).forward, "fused_projection", undo)
+
+
 def _diffusers_kind(module: nn.Module) -> tuple | None:
     """The row of :data:`_DIFFUSERS_KINDS` for a module of one of its classes (an ``Attention`` only from
     diffusers: other libraries name theirs so too), else ``None``."""
@@ -871,6 +906,7 @@ def patch(model: nn.Module) -> PatchReport:
         return report
     undo = _Undo(model)
     layer_norms: set[int] = set()
+    shared = fused_linear.storage_counts(model)
     for name, module in model.named_modules():
         recognised = _recognised(module)
         if recognised is not None and recognised[0] in _LAYER_KINDS:
@@ -910,11 +946,15 @@ def patch(model: nn.Module) -> PatchReport:
         elif form in _MLP_LAYOUTS:
             reason = _mlp_reason(module, form)
             if reason is None:
-                _set_forward(module, _mlp_forward(module, form), "mlp", undo)
+                forward = _mlp_forward(module, form)
+                _set_forward(module, forward, "mlp", undo)
                 report.patched[f"{_activation(module, _MLP_LAYOUTS[form][1])}_mul (mlp)"] += 1
+                if form == "mlp":
+                    forward.__self__.gate_up = _fuse(name, module, ("gate_proj", "up_proj"), shared, report, undo)
             else:
                 report.skipped.append((name, f"{cls}: {reason}"))
         elif _rotary_candidate(module):
+            _fuse_qkv(name, module, shared, report, undo)
             reason = _rotary_reason(module)
             if reason is None:
                 held = (type(module).__module__, "apply_rotary_pos_emb", _rotary)
@@ -959,6 +999,8 @@ def unpatch(model: nn.Module) -> bool:
     for module in undo.forwards:
         module.__dict__.pop("forward", None)
         module.__dict__.pop(MARK, None)
+    for group in undo.fused:
+        group.release()  # each projection on storage of its own again
     if undo.release is not None:
         undo.release()  # runs once: restores the module functions this model held
     del model.__dict__[UNDO]

@@ -52,7 +52,8 @@ def test_patch_reports_every_fused_kind_and_keeps_results_and_state(family):
     norms = layers + 1 + (2 * layers if family == "Qwen3" else 0)
     activation = "gelu_tanh_mul (mlp)" if family == "Gemma" else "silu_mul (mlp)"
     assert dict(report.patched) == {"add_rms_norm (decoder layer)": layers, "rms_norm": norms, activation: layers,
-                                    "rotary_embedding (attention)": layers}, str(report)
+                                    "rotary_embedding (attention)": layers, "q_k_v_proj (one GEMM)": layers,
+                                    "gate_up_proj (one GEMM)": layers}, str(report)
     assert not report.skipped, str(report)
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
     assert list(model.state_dict()) == list(state)
@@ -244,15 +245,16 @@ def test_the_operators_are_defined_at_import_with_their_references():
 #: what transformers 5.x models of two layers get. Granite's layer is of another form (a residual
 #: multiplier): its norms, MLPs and rotary embeddings are patched alone. Gemma 2's and 3's layers (a norm
 #: before and after the attention and the MLP each) fuse the residual add with the pre-feedforward norm.
+QKV, GATE_UP = {"q_k_v_proj (one GEMM)": 2}, {"gate_up_proj (one GEMM)": 2}
 FORM_FAMILIES = {
-    "Mixtral": {"add_rms_norm (decoder layer)": 2, "rms_norm": 3, "rotary_embedding (attention)": 2},
+    "Mixtral": {"add_rms_norm (decoder layer)": 2, "rms_norm": 3, "rotary_embedding (attention)": 2, **QKV},
     "Gemma2": {"add_rms_norm (decoder layer)": 2, "gelu_tanh_mul (mlp)": 2, "rms_norm": 7,
-               "rotary_embedding (attention)": 2},
+               "rotary_embedding (attention)": 2, **QKV, **GATE_UP},
     "Gemma3": {"add_rms_norm (decoder layer)": 2, "gelu_tanh_mul (mlp)": 2, "rms_norm": 11,
-               "rotary_embedding (attention)": 2},
-    "Granite": {"rms_norm": 5, "silu_mul (mlp)": 2, "rotary_embedding (attention)": 2},
+               "rotary_embedding (attention)": 2, **QKV, **GATE_UP},
+    "Granite": {"rms_norm": 5, "silu_mul (mlp)": 2, "rotary_embedding (attention)": 2, **QKV, **GATE_UP},
     "SmolLM3": {"add_rms_norm (decoder layer)": 2, "rms_norm": 3, "silu_mul (mlp)": 2,
-                "rotary_embedding (attention)": 2},
+                "rotary_embedding (attention)": 2, **QKV, **GATE_UP},
     # one gate_up projection, chunked (Phi-3's MLP form); its layer and partial rotary are other forms
     "Phi3": {"rms_norm": 5, "silu_mul (mlp)": 2},
 }
@@ -487,3 +489,96 @@ def test_a_subclass_of_torchs_rms_norm_with_its_own_forward_is_not_patched():
     report = flaggems.patch(model)
     assert report.patched["rms_norm"] == 1 and "forward" not in model[0].__dict__
     flaggems.unpatch(model)
+
+
+def _storage(t: torch.Tensor) -> int:
+    return t.untyped_storage().data_ptr()
+
+
+@pytest.mark.parametrize("family", ["Llama", "Qwen2", "Qwen3"])
+def test_qkv_and_gate_up_run_as_one_gemm_over_the_modules_own_parameters(family):
+    """q/k/v and gate/up: one weight each whose rows are the modules' parameters (the same ``Parameter``
+    objects, same state_dict), one GEMM a group in inference; training calls each module; unpatch gives each
+    parameter storage of its own, values unchanged."""
+    model, prompt = tiny(family), ids()
+    params = dict(model.named_parameters())
+    state = {k: v.clone() for k, v in model.state_dict().items()}
+    with torch.no_grad():
+        want = model(prompt).logits
+    flaggems.patch(model)
+    attn, mlp = model.model.layers[0].self_attn, model.model.layers[0].mlp
+    assert _storage(attn.q_proj.weight) == _storage(attn.k_proj.weight) == _storage(attn.v_proj.weight)
+    assert _storage(mlp.gate_proj.weight) == _storage(mlp.up_proj.weight)
+    assert dict(model.named_parameters()) == params  # the same Parameter objects
+    assert all(torch.equal(model.state_dict()[k], v) for k, v in state.items())
+    with torch.no_grad():
+        got = model(prompt).logits
+    gemms_inference = _gemm_calls(model, prompt, grad=False)
+    gemms_training = _gemm_calls(model, prompt, grad=True)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    assert gemms_training - gemms_inference == 3 * 2  # per layer: q/k/v one GEMM (two fewer), gate/up one (one)
+    model.load_state_dict({k: v + 1 for k, v in state.items()})  # writes into the shared storage
+    with torch.no_grad():
+        torch.testing.assert_close(model(prompt).logits, _fresh(family, {k: v + 1 for k, v in state.items()})(prompt)
+                                   .logits, rtol=1e-5, atol=1e-5)
+    assert flaggems.unpatch(model)
+    assert len({_storage(attn.q_proj.weight), _storage(attn.k_proj.weight), _storage(attn.v_proj.weight)}) == 3
+    assert _storage(mlp.gate_proj.weight) != _storage(mlp.up_proj.weight)
+    assert dict(model.named_parameters()) == params
+
+
+def _fresh(family: str, state: dict) -> nn.Module:
+    model = tiny(family)
+    model.load_state_dict(state)
+    return model
+
+
+def _gemm_calls(model: nn.Module, prompt: torch.Tensor, grad: bool) -> int:
+    """``aten::mm``/``addmm``/``linear`` GEMMs of one forward (a profiler count)."""
+    from torch.profiler import profile
+
+    with profile() as prof, torch.set_grad_enabled(grad):
+        model(prompt)
+    return sum(e.count for e in prof.key_averages() if e.key in ("aten::mm", "aten::addmm"))
+
+
+def test_projections_tied_quantized_or_hooked_are_not_fused():
+    """A projection that is no plain nn.Linear, has hooks, or shares its weight stays as it is (with a reason)."""
+    model = tiny("Llama")
+    attn = model.model.layers[0].self_attn
+    attn.k_proj.register_forward_hook(lambda m, i, o: None)
+    mlp = model.model.layers[1].mlp
+    mlp.up_proj.weight = mlp.gate_proj.weight  # tied
+    report = flaggems.patch(model)
+    reasons = [why for _, why in report.skipped if "not fused" in why]
+    assert any("hooks" in why for why in reasons) and any("shares memory" in why for why in reasons), str(report)
+    assert report.patched["q_k_v_proj (one GEMM)"] == 1 and report.patched["gate_up_proj (one GEMM)"] == 1
+    assert _storage(attn.q_proj.weight) != _storage(attn.k_proj.weight)
+    with torch.no_grad():
+        flaggems.unpatch(model)
+        want = model(ids()).logits
+        flaggems.patch(model)
+        torch.testing.assert_close(model(ids()).logits, want, rtol=1e-5, atol=1e-5)
+    flaggems.unpatch(model)
+
+
+def test_a_patched_model_moved_or_copied_fuses_its_projections_again():
+    """``model.to(...)`` and ``copy.deepcopy`` give the parameters storage of their own; the first inference
+    call fuses them again (its results unchanged)."""
+    import copy
+
+    model, prompt = tiny("Llama"), ids()
+    with torch.no_grad():
+        want = model(prompt).logits
+    flaggems.patch(model)
+    model.to(torch.float64).to(torch.float32)
+    attn = model.model.layers[0].self_attn
+    assert _storage(attn.q_proj.weight) != _storage(attn.k_proj.weight)
+    twin = copy.deepcopy(model)
+    for m in (model, twin):
+        with torch.no_grad():
+            torch.testing.assert_close(m(prompt).logits, want, rtol=1e-5, atol=1e-5)
+        a = m.model.layers[0].self_attn
+        assert _storage(a.q_proj.weight) == _storage(a.v_proj.weight)
+    flaggems.unpatch(model)
+    flaggems.unpatch(twin)
