@@ -3,7 +3,7 @@
 A Llama/Qwen/Mistral/Gemma decoder layer spells out in ~40 torch calls what
 five fused operators (:mod:`flaggems.ops`) do in a handful, and a decode step
 is mostly host time: fewer calls is what makes it faster. ``patch`` rebinds,
-per module instance (never a class, never a parameter):
+per module instance (never a class; parameters keep their identity, keys and values):
 
 * every RMSNorm of a known family, and torch's own ``nn.RMSNorm`` over the
   last dimension: ``flaggems::rms_norm`` (its rounding);
@@ -15,7 +15,12 @@ per module instance (never a class, never a parameter):
   projections;
 * the attention's rotary embedding (the modeling module's
   ``apply_rotary_pos_emb``, shared by every model of that module while one
-  is patched): ``flaggems::rotary_embedding`` for q and k in one call.
+  is patched): ``flaggems::rotary_embedding`` for q and k in one call;
+* the attention's q/k/v projections and the MLP's gate/up projections: one
+  GEMM each in inference, over one weight whose rows are the modules' own
+  parameters (:mod:`flaggems.fused_linear`: the parameters become views of
+  it, so ``state_dict()`` is unchanged; :func:`unpatch` gives each its own
+  storage again).
 
 and in a diffusers UNet (``UNet2DConditionModel`` and every model built of
 its blocks):
