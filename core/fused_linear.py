@@ -27,12 +27,32 @@ It serves a call only where that is exactly the modules' computation:
 from __future__ import annotations
 
 import copy
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
 import torch.nn.functional as F  # noqa: N812 - torch's own spelling
 from torch import nn
+
+#: An attention's projections: ``q_proj(x)`` computes the three, ``k_proj(x)``/``v_proj(x)`` take their parts.
+QKV = ("q_proj", "k_proj", "v_proj")
+
+
+def group_of(module: nn.Module, names: Sequence[str], shared: dict[int, int]) -> tuple[FusedLinear | None,
+                                                                                         str | None]:
+    """``module``'s projections ``names`` over one weight, or ``None`` and why not."""
+    linears = [getattr(module, n, None) for n in names]
+    if not all(isinstance(m, nn.Module) for m in linears):
+        return None, "not every projection is a module"
+    reason = fuse_reason(linears, shared)
+    return (None, reason) if reason is not None else (FusedLinear(linears), None)
+
+
+def projection_forwards(group: FusedLinear) -> list[tuple[nn.Module, Callable[[torch.Tensor], torch.Tensor]]]:
+    """``(module, forward)`` for each projection of a q/k/v group: the first computes all, the others take
+    their parts of it."""
+    first = [(group.linears[0], FirstProjection(group).forward)]
+    return first + [(m, LaterProjection(group, i).forward) for i, m in enumerate(group.linears[1:], start=1)]
 
 
 def fuse_reason(linears: Sequence[nn.Module], shared: dict[int, int] | None) -> str | None:

@@ -16,11 +16,8 @@ per module instance (never a class; parameters keep their identity, keys and val
 * the attention's rotary embedding (the modeling module's
   ``apply_rotary_pos_emb``, shared by every model of that module while one
   is patched): ``flaggems::rotary_embedding`` for q and k in one call;
-* the attention's q/k/v projections and the MLP's gate/up projections: one
-  GEMM each in inference, over one weight whose rows are the modules' own
-  parameters (:mod:`flaggems.fused_linear`: the parameters become views of
-  it, so ``state_dict()`` is unchanged; :func:`unpatch` gives each its own
-  storage again).
+* q/k/v and gate/up projections: one GEMM each in inference over the modules' own parameters made views of
+  one weight (:mod:`flaggems.fused_linear`; ``state_dict()`` unchanged, :func:`unpatch` splits it again).
 
 and in a diffusers UNet (``UNet2DConditionModel`` and every model built of
 its blocks):
@@ -846,31 +843,16 @@ _DIFFUSERS_KINDS: tuple[tuple[frozenset[str], Callable[[nn.Module], str | None],
 def _fuse(name: str, module: nn.Module, names: tuple[str, ...], shared: dict[int, int], report: PatchReport,
           undo: _Undo) -> fused_linear.FusedLinear | None:
     """``module``'s projections ``names`` over one weight (:mod:`flaggems.fused_linear`), or ``None`` with the
-    reason in the report."""
-    linears = [getattr(module, n, None) for n in names]
-    reason = fused_linear.fuse_reason(linears, shared) if all(isinstance(m, nn.Module) for m in linears) else \
-        "not every projection is a module"
-    if reason is not None:
+    reason in the report; q/k/v also get their projections' forwards."""
+    group, reason = fused_linear.group_of(module, names, shared)
+    if group is None:
         report.skipped.append((name, f"{type(module).__name__}: {'/'.join(names)} not fused: {reason}"))
         return None
-    group = fused_linear.FusedLinear(linears)
     undo.fused.append(group)
     report.patched[f"{'_'.join(n.removesuffix('_proj') for n in names)}_proj (one GEMM)"] += 1
+    for linear, forward in fused_linear.projection_forwards(group) if names == fused_linear.QKV else ():
+        _set_forward(linear, forward, "fused_projection", undo)
     return group
-
-
-def _fuse_qkv(name: str, attention: nn.Module, shared: dict[int, int], report: PatchReport, undo: _Undo) -> None:
-    """An attention's q/k/v projections as one GEMM: ``q_proj(x)`` computes the three, ``k_proj(x)`` and
-    ``v_proj(x)`` of the same ``x`` take their parts (any other call computes its own)."""
-    names = ("q_proj", "k_proj", "v_proj")
-    if not all(isinstance(getattr(attention, n, None), nn.Linear) for n in names):
-        return
-    group = _fuse(name, attention, names, shared, report, undo)
-    if group is None:
-        return
-    _set_forward(group.linears[0], fused_linear.FirstProjection(group).forward, "fused_projection", undo)
-    for index, linear in enumerate(group.linears[1:], start=1):
-        _set_forward(linear, fused_linear.LaterProjection(group, index).forward, "fused_projection", undo)
 
 
 def _diffusers_kind(module: nn.Module) -> tuple | None:
@@ -959,7 +941,8 @@ def patch(model: nn.Module) -> PatchReport:
             else:
                 report.skipped.append((name, f"{cls}: {reason}"))
         elif _rotary_candidate(module):
-            _fuse_qkv(name, module, shared, report, undo)
+            if all(isinstance(getattr(module, n, None), nn.Linear) for n in fused_linear.QKV):
+                _fuse(name, module, fused_linear.QKV, shared, report, undo)
             reason = _rotary_reason(module)
             if reason is None:
                 held = (type(module).__module__, "apply_rotary_pos_emb", _rotary)
