@@ -211,7 +211,8 @@ def test_patched_and_liger_are_omitted_without_a_transformers_model():
     chosen = models.choose_sides(case, models.SIDE_NAMES, torch.device("cpu"), result)
     assert [s.name for s in chosen] == ["torch", "flaggems"]
     assert {n: s.status for n, s in result.sides.items()} == {"torch": "ok", "flaggems": "ok",
-                                                              "patched": "omitted", "liger": "omitted"}
+                                                              "patched": "omitted", "liger": "omitted",
+                                                              "compiled": "omitted", "patched+compiled": "omitted"}
     assert "no transformers model" in result.sides["patched"].reason
 
 

@@ -37,7 +37,7 @@ CASES = 20
 @pytest.fixture
 def generated_only(monkeypatch):
     """The kit's streams of generated cases alone (no registered case is re-laid out)."""
-    monkeypatch.setattr(kit, "relayout_pool", lambda op: [])
+    monkeypatch.setattr(kit, "relayout_pool", lambda op, unsupported=None: [])
 
 
 def test_every_fused_op_has_a_generator():
