@@ -82,7 +82,7 @@ def _unfold_backward_kernel(grad, out, L: tl.int64, B: tl.int64, windows: tl.int
         acc = tl.zeros([BLOCK_J, BLOCK_B], tl.float32)
     base = grad + a * _index(g_sa, INT64)
     b_off = (b * _index(g_sb, INT64))[None, :]
-    last = j // step  # the last window starting at or before j
+    last = tl.minimum(j // step, windows - 1)  # the last window that exists and starts at or before j
     for i in range(0, _index(max_windows, INT64)):
         w = last - i
         k = j - w * step
@@ -128,7 +128,9 @@ def _plan(grad: torch.Tensor, input_sizes: list[int], dim: int, size: int, step:
     int64 = max(A * L * B + TILE, reach) >= INT32_LIMIT
     launcher = _launcher(BLOCK_J=block_j, BLOCK_B=block_b, INNER_ONE=B == 1, INT64=int64,
                          F64=grad.dtype == torch.float64)
-    max_windows = cdiv(size, step)
+    # windows over one element: at most cdiv(size, step), and never more than there are (one window of 14851
+    # at step 2 walked 7,426 candidates per element before this bound)
+    max_windows = min(cdiv(size, step), windows)
     return launcher, (A * jblocks * bblocks,), (L, B, windows, size, step, max_windows, g_sa, g[dim], g_sb,
                                                 g[ndim], jblocks, bblocks)
 
