@@ -247,6 +247,7 @@ def fuzz(op_name: str, entry: str, cases: int, seed: int, large_share: float, de
             tally["large"] += large
             if reason:
                 failures.append({"seed": case_seed, "large": large, "reason": reason})
+                print(f"  {op_name} {active} seed {case_seed}{' large' if large else ''}: {reason}", flush=True)
             if (i + 1) % 2000 == 0:
                 print(f"  {op_name} {active}: {i + 1} cases, {dict(tally)}", flush=True)
         declined = {d["reason"]: d["count"] for d in flaggems.routes(f"flaggems::{op_name}")[0]["declined"]}
