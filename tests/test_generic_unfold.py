@@ -135,6 +135,18 @@ def test_int64_offsets_variant(monkeypatch):
     _against_torch(grad, [4, 29], 1, 5, 4)
 
 
+@pytest.mark.parametrize("length,size,step", [(14851, 14851, 2), (40, 30, 3), (41, 7, 1)],
+                         ids=["one-wide-window", "few-windows", "every-step"])
+def test_the_window_walk_is_bounded_by_the_windows_that_exist(length, size, step):
+    """An element walks at most min(cdiv(size, step), windows) windows, from the last one that exists: one
+    14851-wide window at step 2 once walked 7,426 candidates per element (the kit's hang in CI)."""
+    torch.manual_seed(0)
+    windows = (length - size) // step + 1
+    grad = torch.randn(windows, size, device=DEV)
+    assert uf._plan(grad, [length], 0, size, step)[2][5] == min(-(-size // step), windows)
+    _against_torch(grad, [length], 0, size, step)
+
+
 def test_unfold_backward_is_deterministic_with_overlap():
     torch.manual_seed(0)
     grad = torch.randn(125, 8, device=DEV)
