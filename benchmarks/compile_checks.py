@@ -250,14 +250,15 @@ def _decode_steps(model: Any, sizes: dict[str, int], who: str, graphed: bool, st
 def check_cuda_graph(model: Any, sizes: dict[str, int], name: str, steps: int = 8) -> dict[str, Any]:
     """A StaticCache decode step captured with ``torch.cuda.graph`` on side ``name``, replayed ``steps`` times
     with advancing positions, against the same steps eager with flaggems off, and against torch's own capture
-    (the control: where torch's graph differs from torch eager, the model is not capturable this way)."""
+    (the control: where torch's graph differs from torch eager, the step is not capturable as written)."""
     eager = _decode_steps(model, sizes, "torch", False, steps)
     torch_graph = _decode_steps(model, sizes, "torch", True, steps)
     ours = _decode_steps(model, sizes, name, True, steps)
     error, control = logits_error(eager, ours), logits_error(eager, torch_graph)
     versus_graph = logits_error(torch_graph, ours)
-    return {"ok": error <= TOLERANCE or (control > TOLERANCE and versus_graph <= TOLERANCE),
-            "error": round(error, 5), "torch_graph_error": round(control, 5),
+    # passes only against eager: where torch's own capture is off too, the numbers say so and the check
+    # still fails (the step is not proven capturable, whoever matches whom)
+    return {"ok": error <= TOLERANCE, "error": round(error, 5), "torch_graph_error": round(control, 5),
             "error_vs_torch_graph": round(versus_graph, 5)}
 
 
