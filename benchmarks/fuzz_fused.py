@@ -1,7 +1,7 @@
 """Differential fuzz of flaggems' fused operators against a float64 oracle, through both entries.
 
     python benchmarks/fuzz_fused.py [--op rms_norm] [--cases 10000] [--entry compiled --entry python]
-                                    [--seed 0] [--json out.json]
+                                    [--seed 0] [--start 0] [--json out.json] [--profile 25]
 
 Each case comes from the randomized kit's generator of the op
 (:mod:`flaggems.testing._generators_fused`: the layouts transformers and
@@ -19,8 +19,12 @@ sizes up to 16,384; rotary: up to 2**20 elements). Each case runs:
 A result passes when its error against the oracle is at most twice torch's
 own plus a few units of its dtype's rounding (relative to the oracle's
 magnitude), elementwise, with the same NaN positions, shape, dtype and
-strides as torch's; gradients (a random ``grad_output``, backward through
-autograd) are judged the same way. A call torch rejects must raise the same
+strides as torch's; gradients (a random ``grad_output``, rounded as torch's
+own backward receives it also for the oracle, backward through autograd) are
+judged the same way, and where the kit registers an op's gradient terms
+(``rms_norm``, ``add_rms_norm``: an input gradient that cancels terms far
+larger than itself), each element's size includes the magnitude of the terms
+it adds up. A call torch rejects must raise the same
 exception type. The tally lists failures with a reproducer seed. Exit 1 on
 any failure. Not a benchmark: no timing.
 """
@@ -28,6 +32,7 @@ any failure. Not a benchmark: no timing.
 from __future__ import annotations
 
 import argparse
+import inspect
 import json
 import math
 import os
@@ -75,14 +80,17 @@ def _eps(dtype: torch.dtype) -> float:
 
 
 def _judge(name: str, got: torch.Tensor, ref: torch.Tensor, oracle: torch.Tensor, *, strides: bool = True,
-           low: torch.dtype | None = None) -> str | None:
+           low: torch.dtype | None = None, terms: torch.Tensor | None = None) -> str | None:
     """Why ``got`` is farther from the float64 oracle than torch's ``ref`` allows, or ``None``.
 
     Element ``i`` may be off the oracle by twice torch's own error there or twice torch's largest error over
     the tensor (the kernels reduce in another order: an element where torch happened to be exact is not a
     failure), plus ``SLACK_ULPS`` of its dtype relative to its size (floored at 1e-3 of the largest). On
     Triton's interpreter, which truncates to bf16/fp16, one more unit of ``low`` (the lowest-precision dtype
-    among the inputs) relative to the element. NaN and inf must be where torch has them.
+    among the inputs) relative to the element. ``terms`` (a gradient's, from the kit's registered gradient
+    terms) adds the float64 magnitude of what the element adds up to its size: where a gradient cancels
+    terms far larger than itself, rounding of the terms is the error both sides make, in any order.
+    NaN and inf must be where torch has them.
     """
     if got.shape != ref.shape or got.dtype != ref.dtype:
         return f"{name}: shape/dtype {tuple(got.shape)} {got.dtype}, torch {tuple(ref.shape)} {ref.dtype}"
@@ -104,6 +112,8 @@ def _judge(name: str, got: torch.Tensor, ref: torch.Tensor, oracle: torch.Tensor
     g, r, o = g[both], r[both], o[both]
     scale = o.abs().amax().item()
     size = o.abs() + 1e-3 * scale + 1e-30
+    if terms is not None:
+        size = size + terms.to(o.device).double().expand(both.shape)[both]
     err_g, err_r = (g - o).abs(), (r - o).abs()
     slack = SLACK_ULPS * _eps(got.dtype) + (2 * _eps(low) if low is not None and INTERPRETED else 0.0)
     allowed = torch.maximum(2 * err_r, 2 * err_r.amax().expand_as(err_r)) + slack * size
@@ -161,13 +171,44 @@ def _run(op: torch._ops.OpOverload, args: tuple, kwargs: dict) -> tuple[Any, Bas
         return None, exc
 
 
-def _grads(result: Any, leaves: list[torch.Tensor], seed: int) -> list[torch.Tensor | None]:
-    outs = [t for t in _outputs(result) if isinstance(t, torch.Tensor) and t.requires_grad]
+def _incoming(outs: list[torch.Tensor], seed: int, dtypes: list[torch.dtype] | None = None) -> list[torch.Tensor]:
+    """The random ``grad_output`` of each output, rounded to ``dtypes`` (the reference's outputs': the oracle
+    gets the very values torch's and ours get, in float64) or to the outputs' own."""
+    gen = torch.Generator(device=outs[0].device).manual_seed(seed)
+    dtypes = dtypes or [t.dtype for t in outs]
+    return [torch.randn(t.shape, generator=gen, device=t.device, dtype=torch.float64).to(d).to(t.dtype)
+            for t, d in zip(outs, dtypes)]
+
+
+def _differentiable(result: Any) -> list[torch.Tensor]:
+    return [t for t in _outputs(result) if isinstance(t, torch.Tensor) and t.requires_grad]
+
+
+def _grads(result: Any, leaves: list[torch.Tensor], seed: int,
+           dtypes: list[torch.dtype] | None = None) -> list[torch.Tensor | None]:
+    outs = _differentiable(result)
     if not outs or not leaves:
         return []
-    gen = torch.Generator(device=outs[0].device).manual_seed(seed)
-    grad_outs = [torch.randn(t.shape, generator=gen, device=t.device, dtype=torch.float64).to(t.dtype) for t in outs]
-    return list(torch.autograd.grad(outs, leaves, grad_outs, allow_unused=True))
+    return list(torch.autograd.grad(outs, leaves, _incoming(outs, seed, dtypes), allow_unused=True))
+
+
+def _gradient_terms(op_name: str, args64: tuple, kwargs64: dict, oracle: Any, seed: int,
+                    dtypes: list[torch.dtype]) -> list[torch.Tensor | None]:
+    """Per leaf of the float64 call, the magnitude of the terms its gradient adds up (the kit's registered
+    :func:`flaggems.testing.gradient_terms` of the op), or ``None`` where the op registers none."""
+    from flaggems.testing import gradient_terms
+
+    leaves = _leaves(args64, kwargs64)
+    terms = gradient_terms(f"flaggems::{op_name}")
+    outs = _differentiable(oracle)
+    if terms is None or not outs or not leaves:
+        return [None] * len(leaves)
+    bound = inspect.signature(terms).bind(*args64, incoming=_incoming(outs, seed, dtypes), **kwargs64)
+    with torch.no_grad():
+        scales = terms(*bound.args, **bound.kwargs)
+    names = {id(v): k for k, v in bound.arguments.items() if isinstance(v, torch.Tensor)}
+    found = [scales.get(names.get(id(leaf), "")) for leaf in leaves]
+    return [s if s is not None and s.shape == leaf.shape else None for s, leaf in zip(found, leaves)]
 
 
 def _draw(op: str, seed: int, dev: torch.device, large: bool) -> Any:
@@ -200,8 +241,12 @@ def _check(op: torch._ops.OpOverload, gen: Any, seed: int) -> tuple[str, str | N
         ref_grads = _grads(ref, _leaves(args, kwargs), seed) if ref_exc is None else []
         args64 = tuple(_float64(a) for a in args)
         kwargs64 = {k: _float64(v) for k, v in kwargs.items()}
-        oracle, oracle_exc = _run(ORACLES[op.__name__.split(".")[0]], args64, kwargs64)
-        oracle_grads = _grads(oracle, _leaves(args64, kwargs64), seed) if oracle_exc is None else []
+        op_name = op.__name__.split(".")[0]
+        oracle, oracle_exc = _run(ORACLES[op_name], args64, kwargs64)
+        rounded = [t.dtype for t in _differentiable(ref)] if ref_exc is None else None
+        oracle_grads = _grads(oracle, _leaves(args64, kwargs64), seed, rounded) if oracle_exc is None else []
+        terms = (_gradient_terms(op_name, args64, kwargs64, oracle, seed, rounded)
+                 if oracle_exc is None and ref_grads else [])
     for call in ("planned", "replayed"):
         got, exc = _run(op, args, kwargs)
         if ref_exc is not None or exc is not None:
@@ -209,7 +254,7 @@ def _check(op: torch._ops.OpOverload, gen: Any, seed: int) -> tuple[str, str | N
                 return "fail", f"{call}: flaggems {exc!r}, torch {ref_exc!r}"
             continue
         if oracle_exc is not None:  # float64 outside the reference's dtypes (a mixed case): torch's own answer
-            oracle, oracle_grads = ref, ref_grads
+            oracle, oracle_grads, terms = ref, ref_grads, []
         for i, (g, r, o) in enumerate(zip(_outputs(got), _outputs(ref), _outputs(oracle))):
             reason = _judge(f"{call} output {i}", g, r, o, low=low)
             if reason:
@@ -220,23 +265,27 @@ def _check(op: torch._ops.OpOverload, gen: Any, seed: int) -> tuple[str, str | N
                 return "fail", f"{call} grad {i}: defined {g is not None}, torch {r is not None}"
             if g is not None:
                 # raw autograd.grad layouts are the op's choice; .backward() lays a leaf's grad out like it
-                reason = _judge(f"{call} grad {i}", g, r, o, strides=False, low=low)
+                reason = _judge(f"{call} grad {i}", g, r, o, strides=False, low=low,
+                                terms=terms[i] if i < len(terms) else None)
                 if reason:
                     return "fail", reason
     return ("both-raise" if ref_exc is not None else "ok"), None
 
 
-def fuzz(op_name: str, entry: str, cases: int, seed: int, large_share: float, dev: torch.device) -> dict[str, Any]:
-    """``cases`` cases of one op through one entry: the tally and the failures."""
+def fuzz(op_name: str, entry: str, cases: int, seed: int, large_share: float, dev: torch.device,
+         start: int = 0, progress: Any = None) -> dict[str, Any]:
+    """Cases ``start`` to ``start + cases`` of one op through one entry: the tally and the failures (a range of
+    the same sequence: shards run side by side cover what one process would). ``progress`` is called with
+    the result so far every 200 cases (a run its time limit stops keeps the cases it finished)."""
     os.environ["FLAGGEMS_ENTRY"] = entry
     compiled.reset()
     flaggems.enable()
     active = flaggems.info()["entry"]["active"]
     tally: Counter[str] = Counter()
     failures: list[dict[str, Any]] = []
-    start = time.perf_counter()
+    began = time.perf_counter()
     try:
-        for i in range(cases):
+        for i in range(start, start + cases):
             case_seed = seed * 1_000_003 + i
             large = random.Random(case_seed ^ 0x5EED).random() < large_share
             try:
@@ -248,14 +297,17 @@ def fuzz(op_name: str, entry: str, cases: int, seed: int, large_share: float, de
             if reason:
                 failures.append({"seed": case_seed, "large": large, "reason": reason})
                 print(f"  {op_name} {active} seed {case_seed}{' large' if large else ''}: {reason}", flush=True)
-            if (i + 1) % 2000 == 0:
-                print(f"  {op_name} {active}: {i + 1} cases, {dict(tally)}", flush=True)
+            if progress is not None and (i + 1 - start) % 200 == 0:
+                progress({"op": op_name, "entry": active, "start": start, "cases": i + 1 - start,
+                          "tally": dict(tally), "failures": failures[:50], "failed": len(failures), "partial": True})
+            if (i + 1 - start) % 2000 == 0:
+                print(f"  {op_name} {active}: {i + 1 - start} cases, {dict(tally)}", flush=True)
         declined = {d["reason"]: d["count"] for d in flaggems.routes(f"flaggems::{op_name}")[0]["declined"]}
     finally:
         flaggems.disable()
     tally["declined"] = sum(declined.values())  # calls (Python entry) or layouts first seen (compiled entry)
-    return {"op": op_name, "entry": active, "declines": declined, "cases": cases, "tally": dict(tally),
-            "failures": failures[:50], "failed": len(failures), "seconds": round(time.perf_counter() - start, 1)}
+    return {"op": op_name, "entry": active, "declines": declined, "start": start, "cases": cases, "tally": dict(tally),
+            "failures": failures[:50], "failed": len(failures), "seconds": round(time.perf_counter() - began, 1)}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -265,23 +317,40 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--entry", action="append", choices=("compiled", "python"))
     parser.add_argument("--cases", type=int, default=10_000)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--start", type=int, default=0, help="the first case of the sequence (shards)")
+    parser.add_argument("--profile", type=int, default=0, help="print this many functions of a cProfile")
     parser.add_argument("--large", type=float, default=0.1, help="share of cases with wide rows")
     parser.add_argument("--json")
     opts = parser.parse_args(argv)
     dev = torch.device(flaggems.backend().device_type)
     torch.backends.cuda.matmul.allow_tf32 = False
     results = []
+    profiler = None
+    if opts.profile:
+        import cProfile
+
+        profiler = cProfile.Profile()
+        profiler.enable()
+    def save(partial: dict[str, Any] | None = None) -> None:
+        if opts.json:  # after every op and entry (and every 200 cases): a stopped run keeps what it did
+            with open(opts.json, "w") as fh:
+                json.dump({"device": str(dev), "torch": torch.__version__,
+                           "results": results + ([partial] if partial else [])}, fh, indent=1)
+
     for op_name in opts.op or OPS:
         for entry in opts.entry or ("compiled", "python"):
-            r = fuzz(op_name, entry, opts.cases, opts.seed, opts.large, dev)
+            r = fuzz(op_name, entry, opts.cases, opts.seed, opts.large, dev, opts.start, save)
             results.append(r)
             print(f"{op_name:<16} {r['entry']:<9} {r['cases']} cases: {r['tally']}, {r['failed']} failed, "
                   f"{r['seconds']} s", flush=True)
             for f in r["failures"][:5]:
                 print(f"    seed {f['seed']}{' large' if f['large'] else ''}: {f['reason']}", flush=True)
-            if opts.json:  # after every op and entry: a run stopped by its time limit keeps what it did
-                with open(opts.json, "w") as fh:
-                    json.dump({"device": str(dev), "torch": torch.__version__, "results": results}, fh, indent=1)
+            save()
+    if profiler is not None:
+        import pstats
+
+        profiler.disable()
+        pstats.Stats(profiler).sort_stats("cumulative").print_stats(opts.profile)
     return 1 if any(r["failed"] for r in results) else 0
 
 

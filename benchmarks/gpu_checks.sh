@@ -141,11 +141,23 @@ timeout ${BENCH_TIMEOUT:-300} python3 -m flaggems bench ${BENCH_ARGS:-} --json "
 echo "bench exit $?"; tail -80 "$out/bench.log"
 fi
 if [[ $steps == *" fuzz "* ]]; then
-echo "== fused ops against float64: FUZZ_CASES (default 10000) per op and entry, one process per op, in the background"
+echo "== fused ops against float64 in the background: FUZZ_PLAN (op:entry:start:cases:shards ...; default every"
+echo "   op and entry, cases 0..FUZZ_CASES, one process each); a shard is a range of the same case sequence"
 mkdir -p "$out/fuzz"
-for op in ${FUZZ_OPS:-rms_norm add_rms_norm rotary_embedding silu_mul gelu_tanh_mul gelu_mul group_norm_silu}; do
-  timeout ${FUZZ_TIMEOUT:-540} python3 benchmarks/fuzz_fused.py --op $op --cases ${FUZZ_CASES:-10000} \
-    --json "$out/fuzz/$op.json" >"$out/fuzz/$op.log" 2>&1 &
+plan=${FUZZ_PLAN:-}
+if [[ -z $plan ]]; then
+  for op in rms_norm add_rms_norm rotary_embedding silu_mul gelu_tanh_mul gelu_mul group_norm_silu; do
+    for entry in compiled python; do plan+=" $op:$entry:0:${FUZZ_CASES:-10000}:1"; done
+  done
+fi
+for item in $plan; do
+  IFS=: read -r op entry first cases shards <<<"$item"
+  per=$(( (cases + shards - 1) / shards ))
+  for ((k = 0; k < shards; k++)); do
+    s0=$(( first + k * per )); n=$(( per < first + cases - s0 ? per : first + cases - s0 ))
+    timeout ${FUZZ_TIMEOUT:-540} nice -n 10 python3 benchmarks/fuzz_fused.py --op $op --entry $entry --start $s0 --cases $n \
+      ${FUZZ_ARGS:-} --json "$out/fuzz/${op}_${entry}_$s0.json" >"$out/fuzz/${op}_${entry}_$s0.log" 2>&1 &
+  done
 done
 fi
 if [[ $steps == *" compile "* ]]; then
@@ -157,11 +169,21 @@ grep -B2 -A30 "Traceback" "$out/compile_checks.log" | head -80
 fi
 if [[ $steps == *" fuzz "* ]]; then
 wait
-grep -hE "cases:|seed " "$out"/fuzz/*.log | head -60
+grep -hE "cases:|seed " "$out"/fuzz/*.log | grep -v "^  [a-z_]* [a-z]*: [0-9]* cases" | head -60
+python3 - "$out/fuzz" <<'PY'
+import collections, glob, json, sys
+done = collections.defaultdict(lambda: [0, 0])  # (op, entry): cases done (a shard stopped by its timeout: to its last 200), failures
+for path in glob.glob(f"{sys.argv[1]}/*.json"):
+    for r in json.load(open(path))["results"]:
+        done[r["op"], r["entry"]][0] += r["cases"]
+        done[r["op"], r["entry"]][1] += r["failed"]
+for (op, entry), (cases, failed) in sorted(done.items()):
+    print(f"fuzz total {op} {entry}: {cases} cases, {failed} failed")
+PY
 tar czf "$out/fuzz.tgz" -C "$out" fuzz && rm -r "$out/fuzz"
 fi
 if [[ $steps == *" compile_timings "* ]]; then
 echo "== eager / compiled / CUDA-graph sides (benchmarks/compile_checks.py timings)"
 timeout ${TIMINGS_TIMEOUT:-560} python3 benchmarks/compile_checks.py timings ${TIMINGS_ARGS:-} \
-  --json "$out/compile_timings.json" 2>&1 | tail -30
+  --json "$out/compile_timings.json" 2>&1 | tee "$out/compile_timings.log" | tail -30
 fi
