@@ -277,6 +277,7 @@ def _decode_steps(model: Any, sizes: dict[str, int], who: str, graphed: bool, to
             with torch.cuda.graph(graph):
                 captured = step()
             ids.copy_(token)
+            models.rewind_static_cache(cache, length)  # the warm-ups advanced the cache's own write position
             step = lambda: (graph.replay(), captured.clone())[1]  # noqa: E731
         logits = []
         for i in range(steps):
@@ -409,9 +410,18 @@ def timing_sides(family: str, sizes: dict[str, int], batch: int, length: int, de
         kwargs = state[id(model)]
         return lambda: fn(**kwargs).logits
 
+    def entering(model: Any, flag: Callable[[], None]) -> Callable[[], None]:
+        """Enter a side: flaggems on or off, and (decode) the cache's write position back to the prompt's end,
+        so every timed batch decodes the same positions (20 calls stay within the cache's 64 spare rows)."""
+        def enter() -> None:
+            flag()
+            if decode and id(model) in state:
+                models.rewind_static_cache(state[id(model)]["past_key_values"], length)
+        return enter
+
     on, off = flaggems.enable, flaggems.disable
     steps = {"torch eager": step_of(torch_model, torch_model), "patched eager": step_of(patched_model, patched_model)}
-    enter = {"torch eager": off, "patched eager": on}
+    enter = {"torch eager": entering(torch_model, off), "patched eager": entering(patched_model, on)}
     compile_s = {}
     torch._dynamo.reset()
     for label, model, flag in (("torch.compile", torch_model, off), ("patched + torch.compile", patched_model, on)):
@@ -423,13 +433,13 @@ def timing_sides(family: str, sizes: dict[str, int], batch: int, length: int, de
             fn()
         torch.cuda.synchronize()
         compile_s[label] = round(time.perf_counter() - start, 1)
-        steps[label], enter[label] = fn, flag
+        steps[label], enter[label] = fn, entering(model, flag)
     if decode:
         for label, model, flag in (("torch CUDA graph", torch_model, off), ("patched CUDA graph", patched_model, on)):
             flag()
             with torch.no_grad():
                 steps[label] = _graphed(step_of(model, model))
-            enter[label] = flag
+            enter[label] = entering(model, flag)
     off()
     return steps, compile_s, enter
 

@@ -1110,6 +1110,20 @@ def static_cache(config: Any, batch: int, max_len: int, device: torch.device) ->
                             f"signature {inspect.signature(cache_class.__init__)}") from exc
 
 
+def rewind_static_cache(cache: Any, length: int) -> None:
+    """Set a StaticCache's own write position back to ``length``: transformers 5.x keeps it per layer as a
+    device counter that each ``update`` advances, whatever ``cache_position`` says. A decode step repeated
+    (timed, warmed up, captured in a CUDA graph) otherwise writes each call one slot further, past the rows
+    the mask and rotary positions describe; older caches (no counter) need nothing."""
+    for layer in getattr(cache, "layers", ()):
+        counter = getattr(layer, "cumulative_length", None)
+        if isinstance(counter, torch.Tensor):
+            counter.fill_(length)
+        elif isinstance(counter, int):
+            layer.cumulative_length = length
+        if isinstance(getattr(layer, "cumulative_length_int", None), int):
+            layer.cumulative_length_int = length
+
 
 def dynamic_cache() -> Any:
     """An empty ``transformers.DynamicCache`` (grows with every token)."""
