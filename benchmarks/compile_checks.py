@@ -478,7 +478,7 @@ def time_workload(name: str, family: str, sizes: dict[str, int], batch: int, len
     return row
 
 
-def all_timings(rounds: int, only: str | None) -> list[dict[str, Any]]:
+def all_timings(rounds: int, only: list[str] | None) -> list[dict[str, Any]]:
     """Prefill 2x1024 and decode steps (batch 1 and 8) of a 1B-class Llama; a Qwen3 decode step."""
     qwen3 = {**BENCH, "layers": 28, "hidden": 1024, "intermediate": 3072, "heads": 16, "kv_heads": 8}
     plan = [("llama prefill 2x1024", "llama", BENCH, 2, 1024, False),
@@ -487,7 +487,7 @@ def all_timings(rounds: int, only: str | None) -> list[dict[str, Any]]:
             ("qwen3 decode step b1 (StaticCache, 128 cached)", "qwen3", qwen3, 1, 128, True)]
     rows = []
     for name, family, sizes, batch, length, decode in plan:
-        if only and only not in name:
+        if only and not any(part in name for part in only):
             continue
         try:
             rows.append(time_workload(name, family, sizes, batch, length, decode, rounds))
@@ -505,7 +505,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json")
     parser.add_argument("--smoke", action="store_true", help="checks at tiny sizes (the CPU)")
     parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--only", help="timings: workloads whose name contains this")
+    parser.add_argument("--only", action="append", help="timings: workloads whose name contains this (repeatable)")
     opts = parser.parse_args(argv)
     meta = {"date": time.strftime("%Y-%m-%d"), "device": torch.cuda.get_device_name() if CUDA else "cpu",
             "torch": torch.__version__, "triton": __import__("triton").__version__,

@@ -6,7 +6,7 @@
 # STEPS picks what runs (default "tests hot_path bench"; also "small" (benchmarks/small_calls.py),
 # "models" (flaggems bench --models), "fuzz" (benchmarks/fuzz_fused.py, in the background beside the next
 # steps), "compile" (benchmarks/compile_checks.py checks), "compile_timings" (its timings),
-# "probe" (benchmarks/probe.py), "new_shapes" (benchmarks/new_shapes.py),
+# "host_layer" (benchmarks/host_per_layer.py), "probe" (benchmarks/probe.py), "new_shapes" (benchmarks/new_shapes.py),
 # "kit" (the randomized conformance kit,
 # KIT_CASES per op, generic and each vendor simulated) and "vendors": each vendor's tests and
 # conformance kit simulated on this GPU, and its bench rows against the generic route or tuning).
@@ -181,6 +181,11 @@ for (op, entry), (cases, failed) in sorted(done.items()):
     print(f"fuzz total {op} {entry}: {cases} cases, {failed} failed")
 PY
 tar czf "$out/fuzz.tgz" -C "$out" fuzz && rm -r "$out/fuzz"
+fi
+if [[ $steps == *" host_layer "* ]]; then
+echo "== host time per decoder layer (benchmarks/host_per_layer.py)"
+timeout ${HOST_LAYER_TIMEOUT:-120} python3 benchmarks/host_per_layer.py ${HOST_LAYER_ARGS:-} \
+  --json "$out/host_per_layer.json" 2>&1 | grep -v Warning | tail -8
 fi
 if [[ $steps == *" compile_timings "* ]]; then
 echo "== eager / compiled / CUDA-graph sides (benchmarks/compile_checks.py timings)"
