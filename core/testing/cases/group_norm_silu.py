@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import torch
 
-from .. import Case, register_cases
+from .. import Case, register_cases, register_gradient_terms
 from .group_norm import BF16, CL, CL3D, EPS, F16, F32, FORWARD_ULPS, NATIVE_TAKES_CHANNELS_LAST, SHAPES, _randn
 
 OP = "flaggems::group_norm_silu"
@@ -138,4 +138,35 @@ def _error_cases():
               "Expected at least 2 dimensions for input tensor")
 
 
+def gradient_terms(input: torch.Tensor, num_groups: int, weight: torch.Tensor | None = None,
+                   bias: torch.Tensor | None = None, eps: float = 1e-5, *,
+                   incoming: list[torch.Tensor]) -> dict[str, torch.Tensor]:
+    """What the gradients add up (float64 magnitudes). The input's ``rstd * (gz - mean(gz) - n * mean(gz * n))``
+    per group (``gz`` the gradient reaching the normalised ``n``: the incoming one through SiLU's derivative
+    and the weight) cancels terms far larger than itself where a group's gradient is nearly uniform; the
+    weight's and the bias's sum ``dz * n`` and ``dz`` over the batch and the spatial positions."""
+    N, C = input.shape[0], input.shape[1]
+    x = input.reshape(N, num_groups, -1)
+    mean = x.mean(-1, keepdim=True)
+    rstd = torch.rsqrt(x.var(-1, unbiased=False, keepdim=True) + eps)
+    n = ((x - mean) * rstd).reshape(input.shape)
+    shape = (1, C) + (1,) * (input.dim() - 2)
+    z = n if weight is None else n * weight.reshape(shape)
+    if bias is not None:
+        z = z + bias.reshape(shape)
+    sig = torch.sigmoid(z)
+    dz = incoming[0] * sig * (1 + z * (1 - sig))
+    gz = dz if weight is None else dz * weight.reshape(shape)
+    g, ng = gz.reshape(N, num_groups, -1), n.reshape(N, num_groups, -1)
+    cancelled = rstd * (g.abs() + g.mean(-1, keepdim=True).abs() + ng.abs() * (g * ng).mean(-1, keepdim=True).abs())
+    terms = {"input": cancelled.reshape(input.shape)}
+    spread = (0, *range(2, input.dim()))
+    if weight is not None:
+        terms["weight"] = (dz * n).abs().sum(spread)
+    if bias is not None:
+        terms["bias"] = dz.abs().sum(spread)
+    return terms
+
+
 register_cases(OP, list(_cases()) + list(_error_cases()))
+register_gradient_terms(OP, gradient_terms)
