@@ -487,7 +487,8 @@ def all_timings(rounds: int, only: list[str] | None) -> list[dict[str, Any]]:
             ("qwen3 decode step b1 (StaticCache, 128 cached)", "qwen3", qwen3, 1, 128, True)]
     rows = []
     for name, family, sizes, batch, length, decode in plan:
-        if only and not any(part in name for part in only):
+        key = "_".join(name.split()[:2] + [w for w in name.split() if w in ("b1", "b8")])  # llama_decode_b1
+        if only and not any(part in name or part == key for part in only):
             continue
         try:
             rows.append(time_workload(name, family, sizes, batch, length, decode, rounds))
@@ -505,7 +506,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json")
     parser.add_argument("--smoke", action="store_true", help="checks at tiny sizes (the CPU)")
     parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--only", action="append", help="timings: workloads whose name contains this (repeatable)")
+    parser.add_argument("--only", action="append", help="timings: workloads whose name contains this, or "
+                        "a key: llama_prefill, llama_decode_b1, llama_decode_b8, qwen3_decode_b1 (repeatable)")
     opts = parser.parse_args(argv)
     meta = {"date": time.strftime("%Y-%m-%d"), "device": torch.cuda.get_device_name() if CUDA else "cpu",
             "torch": torch.__version__, "triton": __import__("triton").__version__,
