@@ -138,12 +138,29 @@ class _BadTuning:
     ("elementwse", {"block_size": 256}, r"plugin 'bad-tuning'.*unknown tuning key 'elementwse'; "
                                         r"did you mean 'elementwise'\?"),
     ("elementwise", {"block_size": 300}, r"plugin 'bad-tuning'.*block_size=300: expected a power of two"),
+    ("glu", {"tile": 1000}, r"plugin 'bad-tuning'.*glu.tile=1000: expected a power of two"),
+    ("glu", {"num_warps": 3}, r"plugin 'bad-tuning'.*glu.num_warps=3: expected 0 or a power of two"),
+    ("rotary_embedding", {"tiles": 512}, r"plugin 'bad-tuning'.*rotary_embedding: unknown field 'tiles'"),
 ])
 def test_bad_tuning_fails_at_enable_naming_the_plugin(acme, key, values, message):
     acme.manager.register(_BadTuning(key, values), "bad-tuning")
     with pytest.raises(PluginError, match=message):
         flaggems.enable()
     flaggems.disable()
+
+
+@pytest.mark.parametrize("key,values", [("glu", {"tile": 512, "num_warps": 2}),
+                                        ("rotary_embedding", {"tile": 1024, "num_warps": 8})])
+def test_the_fused_kernels_read_their_tuning_as_typed_policies(acme, key, values):
+    from flaggems.toolkit import tuning
+
+    acme.manager.register(_BadTuning(key, values), "good-tuning")
+    flaggems.enable()
+    try:
+        policy = tuning.policy(key)
+        assert (policy.tile, policy.num_warps) == (values["tile"], values["num_warps"])
+    finally:
+        flaggems.disable()
 
 
 def test_overrides_naming_an_unknown_op_warn_with_the_closest_names(runtime, monkeypatch):

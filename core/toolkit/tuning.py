@@ -299,9 +299,49 @@ class ScanPolicy:
 
 
 #: Tuning key -> the launch policy its values configure (kernel families register theirs).
+@dataclass(frozen=True)
+class GluPolicy:
+    """Tile and warps of the gated activations (``Tuning("glu", {...})``: ``silu_mul``, ``gelu_mul``, ...).
+
+    Attributes:
+        tile: elements a program covers on large inputs (a power of two, at least 512: the kernel halves it
+            down to 512 while the grid would leave multiprocessors idle).
+        num_warps: warps per program; 0 derives them from the tile (16 elements a thread, at most 8).
+    """
+
+    tile: int = 2048
+    num_warps: int = 0
+
+    @classmethod
+    def from_values(cls, values: Mapping[str, Any]) -> GluPolicy:
+        """Build a policy from a tuning mapping; raises ``ValueError`` on unknown fields or bad values."""
+        policy = _integer_policy(cls, "glu", values, ("tile",), {"tile": 512, "num_warps": 0})
+        if policy.num_warps & (policy.num_warps - 1):
+            raise ValueError(f"tuning glu.num_warps={policy.num_warps}: expected 0 or a power of two")
+        return policy
+
+
+@dataclass(frozen=True)
+class RotaryPolicy:
+    """Tile and warps of the rotary embedding (``Tuning("rotary_embedding", {...})``).
+
+    Attributes:
+        tile: elements of the input a program rotates (rows of the head dimension padded to a power of two).
+        num_warps: warps per program.
+    """
+
+    tile: int = 2048
+    num_warps: int = 4
+
+    @classmethod
+    def from_values(cls, values: Mapping[str, Any]) -> RotaryPolicy:
+        """Build a policy from a tuning mapping; raises ``ValueError`` on unknown fields or bad values."""
+        return _integer_policy(cls, "rotary_embedding", values, ("tile", "num_warps"), {})
+
+
 POLICIES: dict[str, type] = {KEY: ElementwisePolicy, "group_norm": GroupNormPolicy,
                              "gather_scatter": GatherScatterPolicy, "grouped_scatter": GroupedScatterPolicy,
-                             "scan": ScanPolicy}
+                             "scan": ScanPolicy, "glu": GluPolicy, "rotary_embedding": RotaryPolicy}
 _FAMILY_POLICIES: dict[str, Any] = {}
 
 

@@ -53,14 +53,15 @@ import triton.language as tl
 
 from flaggems import Decline
 from flaggems.fronts import glu as front
-from flaggems.toolkit import FastLauncher, cdiv, collapse_dims, context, next_pow2
+from flaggems.toolkit import FastLauncher, cdiv, collapse_dims, context, next_pow2, tuning
 from flaggems.toolkit.jit_helpers import hint16 as _hint16
 from flaggems.toolkit.jit_helpers import index_type as _index
 from flaggems.toolkit.layout import span
 
 #: Elements a program covers (``BLOCK_R x BLOCK_C``) on large inputs; halved down to :data:`MIN_TILE` while
-#: the grid would not give every multiprocessor a program. Tuning key "glu" (``tile``, ``num_warps``) overrides.
-TILE = 2048
+#: the grid would not give every multiprocessor a program. Tuning key "glu" (``tile``, ``num_warps``:
+#: :class:`flaggems.toolkit.tuning.GluPolicy`) overrides.
+TILE = tuning.GluPolicy.tile
 MIN_TILE = 512
 #: A column tile that divides the columns needs no column mask; the smallest accepted before masking instead.
 MIN_EVEN_BLOCK = 256
@@ -293,8 +294,8 @@ def prepare(shape: tuple[int, ...], strides: tuple[tuple[int, ...], ...], dtype:
     ``copy_dy``: the backward's ``dy`` does not collapse with the other operands; :func:`launch` copies it into
     the gradients' layout first (never for a ``dy`` laid out like the forward's output).
     """
-    policy = context.current().tuning("glu")
-    tile = int(policy.get("tile", TILE))
+    policy = tuning.policy("glu")  # typed, checked at enable(), cached until the context resets
+    tile = policy.tile
     layout = _layout(shape, strides, tile)
     copy_dy = None
     if layout is None:
@@ -306,7 +307,7 @@ def prepare(shape: tuple[int, ...], strides: tuple[tuple[int, ...], ...], dtype:
     n0, n1, cols = sizes
     rows = n0 * n1
     block_r, block_c = plan_tile(rows, cols, _multiprocessors(device), tile)
-    num_warps = int(policy.get("num_warps", max(1, min(MAX_WARPS, block_r * block_c // (32 * PER_THREAD)))))
+    num_warps = policy.num_warps or max(1, min(MAX_WARPS, block_r * block_c // (32 * PER_THREAD)))
     cblocks = cdiv(cols, block_c)
     int64 = rows + block_r >= INT32_LIMIT or cols + block_c >= INT32_LIMIT or any(
         span(sizes, s) + block_c * abs(s[-1]) + 1 >= INT32_LIMIT for s in collapsed)

@@ -49,14 +49,15 @@ import triton.language as tl
 
 from flaggems import Decline
 from flaggems.fronts import rotary as front
-from flaggems.toolkit import FastLauncher, cdiv, collapse_dims, context, next_pow2
+from flaggems.toolkit import FastLauncher, cdiv, collapse_dims, next_pow2, tuning
 from flaggems.toolkit.jit_helpers import hint16 as _hint16
 from flaggems.toolkit.jit_helpers import index_type as _index
 
 #: Elements of the input a program rotates (``BLOCK_R`` rows of ``D``, the head dimension padded to a
-#: power of two); tuning key "rotary_embedding" (``tile``, ``num_warps``) overrides.
-TILE = 2048
-NUM_WARPS = 4
+#: power of two); tuning key "rotary_embedding" (``tile``, ``num_warps``:
+#: :class:`flaggems.toolkit.tuning.RotaryPolicy`) overrides.
+TILE = tuning.RotaryPolicy.tile
+NUM_WARPS = tuning.RotaryPolicy.num_warps
 INT32_LIMIT = 2**31
 #: Row dimensions the kernel unravels (rank-4 ``q`` and ``k`` collapse to at most three).
 ROW_DIMS = 3
@@ -227,8 +228,8 @@ def prepare(sides: tuple[front.Side, ...], dtype: torch.dtype, interleaved: bool
     D = sides[0].shape[-1]
     half = D // 2
     half_p2 = next_pow2(half)
-    policy = context.current().tuning("rotary_embedding")
-    tile, num_warps = int(policy.get("tile", TILE)), int(policy.get("num_warps", NUM_WARPS))
+    policy = tuning.policy("rotary_embedding")  # typed, checked at enable(), cached until the context resets
+    tile, num_warps = policy.tile, policy.num_warps
     described = [_rows(side) for side in sides]
     most_rows = max(rows for rows, _, _ in described)
     block_r = max(1, min(tile // (2 * half_p2), next_pow2(most_rows)))
