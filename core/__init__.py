@@ -21,7 +21,7 @@ from typing import Any
 from . import config as _config
 from .chain import Decline
 from .hookspecs import hookimpl
-from .types import Backend, OpImpl, ProbeResult, Tuning
+from .types import Backend, OpImpl, PatchRule, ProbeResult, Tuning
 
 __version__ = "0.1.0"
 
@@ -31,6 +31,7 @@ __all__ = [
     "OpImpl",
     "ProbeResult",
     "Tuning",
+    "PatchRule",
     "backend",
     "disable",
     "enable",
@@ -123,11 +124,12 @@ def patch(model: Any) -> Any:
     become calls of :mod:`flaggems.ops` (Llama, Mistral, Qwen2, Qwen3, Gemma;
     see :mod:`flaggems.patching`). Idempotent; :func:`unpatch` restores.
     Call :func:`enable` for the kernels: without it the operators run their
-    torch references.
+    torch references. The active backend's plugins may decline a kind of
+    module or make its forward (:class:`~flaggems.types.PatchRule`).
     """
     from .patching import patch as patch_model
 
-    return patch_model(model)
+    return patch_model(model, _runtime().patch_rules())
 
 
 def unpatch(model: Any) -> bool:

@@ -30,7 +30,7 @@ import pluggy
 if TYPE_CHECKING:
     from .bench.workload import Workload
     from .config import EnvVar
-    from .types import Backend, Case, OpImpl, Tuning
+    from .types import Backend, Case, OpImpl, PatchRule, Tuning
 
 PROJECT = "flaggems"
 
@@ -68,6 +68,15 @@ def flaggems_tuning(backend: Backend) -> Sequence[Tuning]:
 
     Lets a vendor change launch policy (tile sizes, a fixed number of CTAs
     with a grid-stride loop, ...) of the generic kernels without copying them.
+    """
+
+
+@hookspec
+def flaggems_patch_rules(backend: Backend) -> Sequence[PatchRule]:
+    """Optional: :class:`~flaggems.types.PatchRule` records that change what :func:`flaggems.patch` does on
+    ``backend``: a module kind to leave alone where the vendor's stack takes another path, or the patched
+    forward of a kind made by the vendor's own factory. Called once per :func:`flaggems.patch`, never per
+    call of a patched module.
     """
 
 

@@ -74,7 +74,7 @@ import textwrap
 import threading
 import weakref
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -83,6 +83,8 @@ import torch.nn.functional as F  # noqa: N812 - torch's own spelling
 from torch import nn
 
 from . import fused_linear, ops
+from .patch_rules import Rules
+from .types import PatchRule
 
 #: Attribute a patched module carries (the kind of patch); plain attributes are not part of ``state_dict()``.
 MARK = "_flaggems_patched"
@@ -626,17 +628,7 @@ def _geglu_reason(module: nn.Module) -> str | None:
     missing = [text for text in _GEGLU_SOURCE_HAS if text not in source]
     if missing or not gelu.endswith("return F.gelu(gate)"):
         return f"its forward is not the form flaggems knows (lacks {(missing or ['return F.gelu(gate)'])[0]!r})"
-    if "is_torch_npu_available()" in source and _npu_in_diffusers():
-        return "on an NPU diffusers calls torch_npu's npu_geglu (a tanh GELU) instead"
-    return None
-
-
-def _npu_in_diffusers() -> bool:
-    try:
-        from diffusers.utils import is_torch_npu_available
-    except ImportError:  # pragma: no cover - a diffusers without it has no NPU branch to follow
-        return False
-    return bool(is_torch_npu_available())
+    return None  # a vendor's path for it (Ascend's NPU GEGLU) is the vendor's PatchRule
 
 
 def _geglu_forward(module: nn.Module) -> Callable[..., torch.Tensor]:
@@ -878,9 +870,9 @@ def _require_module(model: Any, name: str) -> None:
                         f"not {type(model).__name__}")
 
 
-def patch(model: nn.Module) -> PatchReport:
+def patch(model: nn.Module, rules: Sequence[tuple[str, PatchRule]] = ()) -> PatchReport:
     """Route a transformers decoder's layers, or a diffusers UNet's blocks, through flaggems' fused operators
-    (see the module docstring).
+    (see the module docstring); ``rules``: the plugins' :class:`~flaggems.types.PatchRule` records.
 
     Returns a :class:`PatchReport`. Patching does not enable flaggems:
     ``flaggems.enable()`` routes the fused operators to the kernels; without
@@ -891,7 +883,7 @@ def patch(model: nn.Module) -> PatchReport:
     if getattr(model, UNDO, None) is not None:
         report.already = True
         return report
-    undo = _Undo(model)
+    undo, ruled = _Undo(model), Rules(rules)
     layer_norms: set[int] = set()
     shared = fused_linear.storage_counts(model)
     for name, module in model.named_modules():
@@ -900,9 +892,9 @@ def patch(model: nn.Module) -> PatchReport:
             if recognised[2] is not None:
                 report.by_form[type(module).__name__] = recognised[2]
             why, make_forward, fused_norm = _LAYER_KINDS[recognised[0]]
-            reason = why(module)
+            reason = why(module) or ruled.decline("decoder_layer", module)
             if reason is None:
-                _set_forward(module, make_forward(module), "decoder_layer", undo)
+                _set_forward(module, ruled.forward("decoder_layer", module, make_forward), "decoder_layer", undo)
                 layer_norms.add(id(getattr(module, fused_norm)))
                 report.patched["add_rms_norm (decoder layer)"] += 1
             else:
@@ -927,23 +919,26 @@ def patch(model: nn.Module) -> PatchReport:
             elif id(module) in layer_norms:
                 object.__setattr__(module, MARK, "fused_into_layer")  # its layer calls add_rms_norm instead
                 undo.forwards.append(module)
+            elif declined := ruled.decline("norm", module):
+                report.skipped.append((name, f"{cls}: {declined}"))
             else:
-                _set_forward(module, _norm_forward(module, kind), "rms_norm", undo)
+                _set_forward(module, ruled.forward("norm", module, functools.partial(_norm_forward, kind=kind)),
+                             "rms_norm", undo)
                 report.patched["rms_norm"] += 1
         elif form in _MLP_LAYOUTS:
-            reason = _mlp_reason(module, form)
+            reason = _mlp_reason(module, form) or ruled.decline("mlp", module)
             if reason is None:
-                forward = _mlp_forward(module, form)
+                forward = ruled.forward("mlp", module, functools.partial(_mlp_forward, form=form))
                 _set_forward(module, forward, "mlp", undo)
                 report.patched[f"{_activation(module, _MLP_LAYOUTS[form][1])}_mul (mlp)"] += 1
-                if form == "mlp":
+                if form == "mlp" and isinstance(getattr(forward, "__self__", None), _MlpForward):
                     forward.__self__.gate_up = _fuse(name, module, ("gate_proj", "up_proj"), shared, report, undo)
             else:
                 report.skipped.append((name, f"{cls}: {reason}"))
         elif _rotary_candidate(module):
             if all(isinstance(getattr(module, n, None), nn.Linear) for n in fused_linear.QKV):
                 _fuse(name, module, fused_linear.QKV, shared, report, undo)
-            reason = _rotary_reason(module)
+            reason = _rotary_reason(module) or ruled.decline("rotary", module)
             if reason is None:
                 held = (type(module).__module__, "apply_rotary_pos_emb", _rotary)
                 if held not in undo.functions:
@@ -953,14 +948,14 @@ def patch(model: nn.Module) -> PatchReport:
                 report.skipped.append((name, f"{cls}: {reason}"))
         elif (kind_row := _diffusers_kind(module)) is not None:
             why, make_forward, mark, label = kind_row
-            reason = why(module)
+            reason = why(module) or ruled.decline(mark, module)
             if reason is None:
-                _set_forward(module, make_forward(module), mark, undo)
+                _set_forward(module, ruled.forward(mark, module, make_forward), mark, undo)
                 report.patched[label(module)] += 1
             else:
                 report.skipped.append((name, f"{cls}: {reason}"))
         elif cls in UNETS and getattr(module, "conv_norm_out", None) is not None:
-            reason = _unet_reason(module)
+            reason = _unet_reason(module) or ruled.decline("unet_output", module)
             if reason is None:
                 norm = module.conv_norm_out
                 _set_forward(norm, _GroupNormSiluForward(norm).forward, "group_norm_silu", undo)

@@ -18,7 +18,7 @@ from .binding import Binding
 from .manager import PluginError, PluginManager, fill_distributions
 from .toolkit import context as kernel_context
 from .toolkit import tuning as launch_tuning
-from .types import Backend, OpImpl, Tuning, resolve_callable
+from .types import Backend, OpImpl, PatchRule, Tuning, resolve_callable
 
 
 def _as_records(result: Any, kind: type, plugin: str, hook: str) -> list:
@@ -235,6 +235,29 @@ class Runtime:
                     continue
                 impls.append((plugin, impl))
         return impls
+
+    def patch_rules(self) -> list[tuple[str, PatchRule]]:
+        """Every ``(plugin, PatchRule)`` for the active backend (a vendor's only when its backend is active),
+        their lazy references resolved. A rule that does not resolve is left out with one warning naming its
+        plugin (a :class:`PluginError` under ``FLAGGEMS_STRICT``)."""
+        active = self.active_backend()
+        rules: list[tuple[str, PatchRule]] = []
+        for plugin, result in self.manager.call_each("flaggems_patch_rules", backend=active.backend):
+            for rule in _as_records(result, PatchRule, plugin, "flaggems_patch_rules"):
+                if rule.vendor is not None and rule.vendor != active.vendor:
+                    continue
+                try:
+                    resolved = dataclasses.replace(
+                        rule, decline=None if rule.decline is None else resolve_callable(rule.decline),
+                        forward=None if rule.forward is None else resolve_callable(rule.forward))
+                except (ImportError, AttributeError, TypeError) as exc:
+                    message = f"flaggems: {self._who(plugin)}: flaggems_patch_rules: {rule.kind}: {exc}; left out"
+                    if config.get("FLAGGEMS_STRICT"):
+                        raise PluginError(message) from None
+                    userwarn.warn(message)
+                    continue
+                rules.append((plugin, resolved))
+        return rules
 
     def tuning(self) -> dict[str, dict[str, Any]]:
         """Merged tuning values per key: generic first, the active vendor's on top."""

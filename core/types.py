@@ -129,6 +129,34 @@ class Tuning:
     vendor: str | None = None
 
 
+#: The module kinds :func:`flaggems.patch` patches, which a :class:`PatchRule` names.
+PATCH_KINDS = ("norm", "mlp", "decoder_layer", "rotary", "resnet_block", "geglu", "attention", "unet_output")
+
+
+@dataclass(frozen=True)
+class PatchRule:
+    """A plugin's rule for one kind of module :func:`flaggems.patch` patches (``kind``, one of
+    :data:`PATCH_KINDS`), for the backend it is returned for.
+
+    ``decline(module) -> str | None`` names why a module the core would patch must stay as it is on this
+    backend (a vendor library that takes the module's path there, a layout the device cannot serve), or
+    ``None``. ``forward(module) -> callable``, where given, makes the patched forward in the core's stead
+    (a vendor's fused kernel for the kind). Both may be lazy ``"module:attr"`` references, resolved when
+    :func:`flaggems.patch` runs; ``vendor`` set: used only when that vendor's backend is active.
+    """
+
+    kind: str
+    decline: LazyCallable | None = None
+    forward: LazyCallable | None = None
+    vendor: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.kind not in PATCH_KINDS:
+            raise ValueError(f"PatchRule kind {self.kind!r}: expected one of {', '.join(PATCH_KINDS)}")
+        if self.decline is None and self.forward is None:
+            raise ValueError(f"PatchRule({self.kind!r}) has neither a decline nor a forward")
+
+
 #: A case's inputs: ``(args, kwargs)``.
 Inputs = tuple[tuple[Any, ...], dict[str, Any]]
 

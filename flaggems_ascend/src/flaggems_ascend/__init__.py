@@ -9,7 +9,7 @@ kernels (:mod:`flaggems_ascend.index_copy`, imported at ``enable()``).
 
 from __future__ import annotations
 
-from flaggems import Backend, OpImpl, hookimpl
+from flaggems import Backend, OpImpl, PatchRule, hookimpl
 
 ASCEND = Backend(
     name="ascend",
@@ -46,3 +46,10 @@ def flaggems_operators(backend: Backend) -> tuple[OpImpl, ...]:
             # torch_npu's fused RMSNorm kernel (a torch operator: served on the entry's Python path)
             OpImpl("flaggems::rms_norm", f"{norm}:rms_norm", supports=f"{norm}:supports", vendor="ascend",
                    dtypes=("float16", "bfloat16", "float32")))
+
+
+@hookimpl
+def flaggems_patch_rules(backend: Backend) -> tuple[PatchRule, ...]:
+    """diffusers' GEGLU stays diffusers' on an NPU, where it calls torch_npu's own kernel
+    (:func:`flaggems_ascend.patch_rules.npu_geglu`)."""
+    return (PatchRule("geglu", decline="flaggems_ascend.patch_rules:npu_geglu", vendor="ascend"),)
