@@ -98,20 +98,3 @@ def test_a_vendor_rule_applies_only_under_its_backend(with_rules):
 def test_a_malformed_rule_is_refused_when_made(kwargs, message):
     with pytest.raises(ValueError, match=message):
         PatchRule(**kwargs)
-
-
-def test_ascends_rule_leaves_diffusers_geglu_where_it_calls_torch_npu(monkeypatch):
-    pytest.importorskip("diffusers")
-    import diffusers.utils
-    from diffusers.models.activations import GEGLU
-
-    import flaggems_ascend
-    from flaggems_ascend.patch_rules import npu_geglu
-
-    (rule,) = flaggems_ascend.flaggems_patch_rules(flaggems_ascend.ASCEND)
-    assert (rule.kind, rule.vendor) == ("geglu", "ascend")
-    geglu = GEGLU(8, 16)
-    monkeypatch.setattr(diffusers.utils, "is_torch_npu_available", lambda: False)
-    assert npu_geglu(geglu) is None
-    monkeypatch.setattr(diffusers.utils, "is_torch_npu_available", lambda: True)
-    assert "npu_geglu" in npu_geglu(geglu)

@@ -277,3 +277,35 @@ def test_rms_norm_goes_to_torch_npus_fused_kernel_and_declines_what_it_does_not_
     reasons = {d["reason"] for d in flaggems.routes("flaggems::rms_norm")[0]["declined"] if d["impl"] == "ascend"}
     assert any("offset" in r for r in reasons) and any("strided" in r for r in reasons), reasons
     assert ascend_norm.reason(x.requires_grad_(), w, 0.0).startswith("a gradient is needed")
+
+
+class _NpuGegluLike(torch.nn.Module):
+    """A module whose forward branches on ``is_torch_npu_available()`` as diffusers' GEGLU does."""
+
+    def forward(self, x):
+        if is_torch_npu_available():  # noqa: F821 - read by the rule as source, never run
+            return x
+        return x
+
+
+def test_ascends_patch_rule_is_offered_under_its_backend():
+    from flaggems.runtime import RUNTIME
+
+    rules = [(plugin, rule) for plugin, rule in RUNTIME.patch_rules() if rule.kind == "geglu"]
+    assert [(rule.vendor, rule.decline.__name__) for _, rule in rules] == [("ascend", "npu_geglu")]
+
+
+def test_ascends_rule_leaves_a_geglu_that_calls_torch_npu(monkeypatch):
+    import sys
+    import types
+
+    from flaggems_ascend.patch_rules import npu_geglu
+
+    utils = types.ModuleType("diffusers.utils")
+    monkeypatch.setitem(sys.modules, "diffusers", types.ModuleType("diffusers"))
+    monkeypatch.setitem(sys.modules, "diffusers.utils", utils)
+    utils.is_torch_npu_available = lambda: True
+    assert "npu_geglu" in npu_geglu(_NpuGegluLike())
+    utils.is_torch_npu_available = lambda: False
+    assert npu_geglu(_NpuGegluLike()) is None
+    assert npu_geglu(torch.nn.Linear(2, 2)) is None  # no NPU branch in its forward
