@@ -37,6 +37,7 @@ import torch
 
 from .. import autograd
 from ..chain import Decline
+from ..toolkit import context
 from ..toolkit.iterator_layout import iterator_strides
 from ..toolkit.layout import remember
 from .group_norm import transformed
@@ -142,8 +143,8 @@ def entry(prepare: Prepare, launch: Launch, activation: str, dtypes: frozenset[t
     the backward's must serve any ``dy`` strides.
     """
     name = f"flaggems::{OPS[activation]}"
-    forward_plans: dict[tuple, Plan] = {}
-    backward_plans: dict[tuple, Any] = {}
+    forward_plans: dict[tuple, Plan] = context.cache()  # emptied with the kernel context (tuning, facts)
+    backward_plans: dict[tuple, Any] = context.cache()  # emptied with the kernel context (tuning, facts)
 
     def forward_plan(gate: torch.Tensor, up: torch.Tensor) -> Plan:
         key = (gate.shape, gate.stride(), up.stride(), gate.dtype, up.dtype, gate.device, up.device, up.shape,

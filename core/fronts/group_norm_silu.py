@@ -48,6 +48,7 @@ import torch
 from .. import autograd
 from .. import ops as reference
 from ..chain import Decline
+from ..toolkit import context
 from ..toolkit.iterator_layout import iterator_strides
 from ..toolkit.layout import remember
 from . import group_norm
@@ -141,7 +142,7 @@ def entry(forward: Forward, backward: Backward, dtypes: frozenset[torch.dtype] =
     when a gradient is needed (the forward then keeps what ``forward`` returns
     for ``backward``).
     """
-    checked: dict[tuple, tuple[int, int, int]] = {}
+    checked: dict[tuple, tuple[int, int, int]] = context.cache()  # emptied with the kernel context (tuning, facts)
 
     def plan(input: torch.Tensor, num_groups: int, weight: torch.Tensor | None,
              bias: torch.Tensor | None) -> tuple[int, int, int]:

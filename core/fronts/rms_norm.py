@@ -60,6 +60,7 @@ import torch
 from .. import autograd
 from .. import ops as reference
 from ..chain import Decline
+from ..toolkit import context
 from ..toolkit.iterator_layout import contiguous_strides, is_dense, iterator_strides
 from ..toolkit.layout import remember
 from .group_norm import transformed
@@ -251,7 +252,7 @@ def entries(forward: Forward, backward: Backward) -> tuple[Callable[..., torch.T
     layout); per call it allocates the outputs and launches, through
     :func:`flaggems.autograd.apply` when a gradient is needed.
     """
-    layouts: dict[tuple, Layout] = {}
+    layouts: dict[tuple, Layout] = context.cache()  # emptied with the kernel context (tuning, facts)
 
     def plan(input: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor | None,
              cast_first: bool) -> Layout:

@@ -45,6 +45,7 @@ import torch
 
 from .. import autograd
 from ..chain import Decline
+from ..toolkit import context
 from ..toolkit.iterator_layout import contiguous_strides, iterator_strides, layout_code, strides_of_code
 from ..toolkit.layout import remember
 from .group_norm import transformed
@@ -261,8 +262,8 @@ def entry(prepare: Prepare, launch: Launch, dtypes: frozenset[torch.dtype] = DTY
     its transpose. Plans (checks, output layouts, the kernel's description)
     are cached per layout: a repeated call looks one up, allocates and launches.
     """
-    forward_plans: dict[tuple, Plan] = {}
-    backward_plans: dict[tuple, Plan] = {}
+    forward_plans: dict[tuple, Plan] = context.cache()  # emptied with the kernel context (tuning, facts)
+    backward_plans: dict[tuple, Plan] = context.cache()  # emptied with the kernel context (tuning, facts)
 
     def forward_plan(q, k, cos, sin, unsqueeze_dim, interleaved) -> Plan:
         key = _key(q, k, cos, sin, unsqueeze_dim, interleaved)

@@ -31,6 +31,7 @@ from dataclasses import dataclass
 import torch
 
 from ..chain import Decline
+from ..toolkit import context
 
 #: Dtypes the shared ``unfold_backward`` kernel sums (a vendor passes its own set).
 BACKWARD_DTYPES = frozenset({torch.float16, torch.bfloat16, torch.float32, torch.float64})
@@ -145,7 +146,7 @@ def entries(backward: Callable[[BackwardCall], None], dtypes: frozenset[torch.dt
     is something to sum); it may raise ``Decline`` before writing anything.
     Geometries are validated once and cached.
     """
-    geometries: dict[tuple, BackwardGeometry] = {}
+    geometries: dict[tuple, BackwardGeometry] = context.cache()  # emptied with the kernel context (tuning, facts)
 
     def unfold_backward(grad_in: torch.Tensor, input_sizes: Sequence[int], dim: int, size: int,
                         step: int) -> torch.Tensor:

@@ -18,6 +18,7 @@ import contextlib
 import functools
 import os
 import threading
+import weakref
 from collections.abc import Callable, Mapping
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
@@ -157,6 +158,21 @@ def install(ctx: KernelContext) -> None:
         listener()
 
 
+class ContextCache(dict):
+    """A dict :func:`reset` empties: what a front or a module derives from the context (plans whose launch
+    reads tuning or device facts). Weakly held: a cache its owner dropped is not kept alive."""
+
+
+_CACHES: weakref.WeakValueDictionary[int, ContextCache] = weakref.WeakValueDictionary()  # by identity
+
+
+def cache() -> ContextCache:
+    """A new :class:`ContextCache`, emptied at every :func:`reset` with the context it was derived from."""
+    found = ContextCache()
+    _CACHES[id(found)] = found
+    return found
+
+
 def on_reset(listener: Callable[[], None]) -> None:
     """Call ``listener`` at every :func:`reset` (modules that derive caches from the context)."""
     _LISTENERS.append(listener)
@@ -167,5 +183,7 @@ def reset() -> None:
     global _CURRENT
     with _LOCK:
         _CURRENT = None
+    for derived in list(_CACHES.values()):
+        derived.clear()
     for listener in _LISTENERS:
         listener()
