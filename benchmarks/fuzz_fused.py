@@ -80,7 +80,8 @@ def _eps(dtype: torch.dtype) -> float:
 
 
 def _judge(name: str, got: torch.Tensor, ref: torch.Tensor, oracle: torch.Tensor, *, strides: bool = True,
-           low: torch.dtype | None = None, terms: torch.Tensor | None = None) -> str | None:
+           low: torch.dtype | None = None, terms: torch.Tensor | None = None, inputs_scale: float = 0.0
+           ) -> str | None:
     """Why ``got`` is farther from the float64 oracle than torch's ``ref`` allows, or ``None``.
 
     Element ``i`` may be off the oracle by twice torch's own error there or twice torch's largest error over
@@ -90,8 +91,10 @@ def _judge(name: str, got: torch.Tensor, ref: torch.Tensor, oracle: torch.Tensor
     among the inputs) relative to the element. ``terms`` (a gradient's, from the kit's registered gradient
     terms) adds the float64 magnitude of what the element adds up to its size: where a gradient cancels
     terms far larger than itself, rounding of the terms is the error both sides make, in any order. A
-    float64 result has no wider oracle (torch's answer reads exact): it is judged against the tensor's
-    largest element. ``strides=False`` where the case's layout is the op's documented choice (its
+    float64 result has no wider oracle (torch's answer reads exact): it is judged against the largest
+    magnitude that enters it (the tensor's largest element, or ``inputs_scale``, the largest input: an
+    output that cancels its inputs, ``n * w + b`` near 0, is as exact as their rounding).
+    ``strides=False`` where the case's layout is the op's documented choice (its
     generator's ``check_strides``: group_norm_silu keeps a channels_last input's layout off the CPU).
     NaN and inf must be where torch has them.
     """
@@ -116,7 +119,7 @@ def _judge(name: str, got: torch.Tensor, ref: torch.Tensor, oracle: torch.Tensor
     scale = o.abs().amax().item()
     size = o.abs() + 1e-3 * scale + 1e-30
     if got.dtype == torch.float64:  # torch's float64 answer is the oracle's own precision: judged norm-wise
-        size = torch.full_like(size, scale)
+        size = torch.full_like(size, max(scale, inputs_scale))
     if terms is not None:
         size = size + terms.to(o.device).double().expand(both.shape)[both]
     err_g, err_r = (g - o).abs(), (r - o).abs()
@@ -246,9 +249,17 @@ def _grads_or_error(result: Any, leaves: list[torch.Tensor], seed: int, dtypes: 
         return [], exc
 
 
+def _largest_input(args: tuple, kwargs: dict) -> float:
+    """The largest finite magnitude among the floating tensor arguments (0 where none)."""
+    values = [v.detach().abs().nan_to_num(posinf=0.0).max().item() for v in (*args, *kwargs.values())
+              if isinstance(v, torch.Tensor) and v.is_floating_point() and v.numel()]
+    return max(values, default=0.0)
+
+
 def _check(op: torch._ops.OpOverload, gen: Any, seed: int) -> tuple[str, str | None]:
     args, kwargs = gen.args, gen.kwargs
     low = _lowest(args, kwargs)
+    inputs_scale = _largest_input(args, kwargs) if low == torch.float64 else 0.0
     with native_scope():
         ref, ref_exc = _run(op, args, kwargs)
         ref_grads, ref_grad_exc = _grads_or_error(ref, _leaves(args, kwargs), seed) if ref_exc is None else ([], None)
@@ -270,7 +281,8 @@ def _check(op: torch._ops.OpOverload, gen: Any, seed: int) -> tuple[str, str | N
         if oracle_exc is not None:  # float64 outside the reference's dtypes (a mixed case): torch's own answer
             oracle, oracle_grads, terms = ref, ref_grads, []
         for i, (g, r, o) in enumerate(zip(_outputs(got), _outputs(ref), _outputs(oracle))):
-            reason = _judge(f"{call} output {i}", g, r, o, low=low, strides=gen.check_strides)
+            reason = _judge(f"{call} output {i}", g, r, o, low=low, strides=gen.check_strides,
+                            inputs_scale=inputs_scale)
             if reason:
                 return "fail", reason
         grads, grad_exc = _grads_or_error(got, _leaves(args, kwargs), seed)

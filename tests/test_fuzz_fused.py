@@ -76,3 +76,36 @@ def test_a_few_fuzz_cases_pass_on_this_machine(op):
     finally:
         flaggems.disable()
     assert all(reason is None for _, reason in outcomes), outcomes
+
+
+def test_a_float64_result_is_judged_against_its_largest_element():
+    oracle = torch.tensor([1e-3, 2.0], dtype=torch.float64)
+    rounding = oracle + torch.tensor([2e-17, 0.0], dtype=torch.float64)  # 0.05 ulp of 2.0 at the small one
+    assert fuzz_fused._judge("out", rounding, oracle, oracle) is None
+    wrong = oracle + torch.tensor([1e-10, 0.0], dtype=torch.float64)
+    assert fuzz_fused._judge("out", wrong, oracle, oracle) is not None
+
+
+def test_a_backward_torch_rejects_must_be_rejected_alike(monkeypatch):
+    class Raising(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            return x * 2
+
+        @staticmethod
+        def backward(ctx, g):
+            raise RuntimeError("no gradient here")
+
+    x = torch.ones(3, requires_grad=True)
+    grads, error = fuzz_fused._grads_or_error(Raising.apply(x), [x], seed=0)
+    assert grads == [] and isinstance(error, RuntimeError)
+    grads, error = fuzz_fused._grads_or_error(x * 2, [x], seed=0)
+    assert error is None and grads[0].shape == x.shape
+
+
+def test_a_float64_output_that_cancels_its_inputs_is_judged_by_their_size():
+    oracle = torch.tensor([4e-7, -3e-7], dtype=torch.float64)  # n * w + b near 0 from terms near 1
+    rounding = oracle + 2e-21
+    assert fuzz_fused._judge("out", rounding, oracle, oracle) is not None  # by the output alone: 15 ulps
+    assert fuzz_fused._judge("out", rounding, oracle, oracle, inputs_scale=1.0) is None
+    assert fuzz_fused._judge("out", oracle + 1e-12, oracle, oracle, inputs_scale=1.0) is not None
