@@ -129,7 +129,23 @@ def patch(model: Any) -> Any:
     """
     from .patching import patch as patch_model
 
-    return patch_model(model, _runtime().patch_rules())
+    return patch_model(model, _patch_rules())
+
+
+def _patch_rules() -> list:
+    """The active backend's patch rules; where the backend cannot be chosen (a bad ``FLAGGEMS_*`` setting,
+    which ``enable()`` reports), none, with a warning: patching never fails for it (under
+    ``FLAGGEMS_STRICT`` it raises)."""
+    from . import config, userwarn
+
+    try:
+        return _runtime().patch_rules()
+    except Exception as exc:
+        if config.get("FLAGGEMS_STRICT"):
+            raise
+        userwarn.warn(f"flaggems.patch: the plugins' patch rules were not read ({type(exc).__name__}: {exc}); "
+                      "the model is patched by the core's rules alone")
+        return []
 
 
 def unpatch(model: Any) -> bool:

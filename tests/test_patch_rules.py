@@ -98,3 +98,15 @@ def test_a_vendor_rule_applies_only_under_its_backend(with_rules):
 def test_a_malformed_rule_is_refused_when_made(kwargs, message):
     with pytest.raises(ValueError, match=message):
         PatchRule(**kwargs)
+
+
+def test_patch_works_where_no_backend_can_be_chosen(runtime, monkeypatch):
+    monkeypatch.setenv("FLAGGEMS_VENDOR", "no-such-vendor")
+    runtime._active = None
+    model = tiny("Llama")
+    with pytest.warns(RuntimeWarning, match="patch rules were not read"):
+        report = flaggems.patch(model)
+    try:
+        assert report.patched
+    finally:
+        flaggems.unpatch(model)
