@@ -32,7 +32,6 @@ any failure. Not a benchmark: no timing.
 from __future__ import annotations
 
 import argparse
-import inspect
 import json
 import math
 import os
@@ -202,22 +201,14 @@ def _grads(result: Any, leaves: list[torch.Tensor], seed: int,
 
 def _gradient_terms(op_name: str, args64: tuple, kwargs64: dict, oracle: Any, seed: int,
                     dtypes: list[torch.dtype]) -> list[torch.Tensor | None]:
-    """Per leaf of the float64 call, the magnitude of the terms its gradient adds up (the kit's registered
-    :func:`flaggems.testing.gradient_terms` of the op), or ``None`` where the op registers none."""
-    from flaggems.testing import gradient_terms
+    """Per leaf of the float64 call, the magnitude of the terms its gradient adds up (the kit's
+    :func:`flaggems.testing.gradient_term_scales`), or ``None`` where the op registers none."""
+    from flaggems.testing import gradient_term_scales
 
-    leaves = _leaves(args64, kwargs64)
-    terms = gradient_terms(f"flaggems::{op_name}")
-    outs = _differentiable(oracle)
-    if terms is None or not outs or not leaves:
+    leaves, outs = _leaves(args64, kwargs64), _differentiable(oracle)
+    if not outs or not leaves:
         return [None] * len(leaves)
-    bound = inspect.signature(terms).bind(*args64, incoming=_incoming(outs, seed, dtypes), **kwargs64)
-    with torch.no_grad():
-        scales = terms(*bound.args, **bound.kwargs)
-    names = {id(v): k for k, v in bound.arguments.items() if isinstance(v, torch.Tensor)}
-    found = [scales.get(names.get(id(leaf), "")) for leaf in leaves]
-    return [s if s is not None and s.shape == leaf.shape else None for s, leaf in zip(found, leaves)]
-
+    return gradient_term_scales(f"flaggems::{op_name}", args64, kwargs64, _incoming(outs, seed, dtypes), leaves)
 
 def _draw(op: str, seed: int, dev: torch.device, large: bool) -> Any:
     rng = random.Random(seed)

@@ -131,6 +131,9 @@ class Tuning:
 
 #: The module kinds :func:`flaggems.patch` patches, which a :class:`PatchRule` names.
 PATCH_KINDS = ("norm", "mlp", "decoder_layer", "rotary", "resnet_block", "geglu", "attention", "unet_output")
+#: Kinds patched otherwise than by one module's forward (a modeling module's function; a norm and its
+#: activation together): a rule may decline them, not make their forward.
+DECLINE_ONLY_KINDS = ("rotary", "unet_output")
 
 
 @dataclass(frozen=True)
@@ -155,6 +158,9 @@ class PatchRule:
             raise ValueError(f"PatchRule kind {self.kind!r}: expected one of {', '.join(PATCH_KINDS)}")
         if self.decline is None and self.forward is None:
             raise ValueError(f"PatchRule({self.kind!r}) has neither a decline nor a forward")
+        if self.forward is not None and self.kind in DECLINE_ONLY_KINDS:
+            raise ValueError(f"PatchRule({self.kind!r}) cannot make a forward: {self.kind} is not patched through "
+                             "one module's forward (decline it instead)")
 
 
 #: A case's inputs: ``(args, kwargs)``.

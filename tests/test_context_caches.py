@@ -15,23 +15,25 @@ def test_a_context_cache_is_emptied_at_every_reset():
     assert derived == {}
 
 
-def test_a_front_plans_again_after_the_context_resets(monkeypatch):
-    from flaggems.plugins.generic.glu import silu_mul  # the generic implementation, called directly
+def test_a_tuning_change_reaches_the_plans_a_front_keeps(monkeypatch):
+    from flaggems.plugins.generic import glu  # the generic implementation, called directly
 
-    read = []
-    real = tuning.policy
+    warps, policies = [], {"glu": tuning.GluPolicy()}
+    real_launcher = glu._launcher
 
-    def counting(key):
-        read.append(key)
-        return real(key)
+    def recording(kernel, num_warps, **flags):
+        warps.append(num_warps)
+        return real_launcher(kernel, num_warps, **flags)
 
-    monkeypatch.setattr(tuning, "policy", counting)
+    monkeypatch.setattr(glu, "_launcher", recording)
+    monkeypatch.setattr(tuning, "policy", lambda key: policies[key])
     dev = torch.device(flaggems.backend().device_type)
     gate, up = torch.randn(4, 32, device=dev), torch.randn(4, 32, device=dev)
     want = torch.nn.functional.silu(gate) * up
-    torch.testing.assert_close(silu_mul(gate, up), want)
-    torch.testing.assert_close(silu_mul(gate, up), want)
-    assert read.count("glu") == 1  # planned once, then served from the front's cache
+    for _ in range(2):
+        torch.testing.assert_close(glu.silu_mul(gate, up), want)
+    assert len(warps) == 1 and warps[0] != 2  # planned once (the derived warps), then served from the cache
+    policies["glu"] = tuning.GluPolicy(num_warps=2)
     context.reset()  # what a tuning change does (enable() with new tuning, the bench's untuned side)
-    torch.testing.assert_close(silu_mul(gate, up), want)
-    assert read.count("glu") == 2  # the plan was made again, reading the tuning in force
+    torch.testing.assert_close(glu.silu_mul(gate, up), want)
+    assert warps[1:] == [2]  # planned again, with the tuning in force

@@ -94,7 +94,9 @@ def test_a_vendor_rule_applies_only_under_its_backend(with_rules):
 
 
 @pytest.mark.parametrize("kwargs,message", [({"kind": "mlps", "decline": _acme_declines_mlps}, "expected one of"),
-                                            ({"kind": "mlp"}, "neither a decline nor a forward")])
+                                            ({"kind": "mlp"}, "neither a decline nor a forward"),
+                                            ({"kind": "rotary", "forward": _marking_norm_forward},
+                                             "cannot make a forward")])
 def test_a_malformed_rule_is_refused_when_made(kwargs, message):
     with pytest.raises(ValueError, match=message):
         PatchRule(**kwargs)

@@ -142,7 +142,7 @@ def entry(forward: Forward, backward: Backward, dtypes: frozenset[torch.dtype] =
     when a gradient is needed (the forward then keeps what ``forward`` returns
     for ``backward``).
     """
-    checked: dict[tuple, tuple[int, int, int]] = context.cache()  # emptied with the kernel context (tuning, facts)
+    checked: dict[tuple, tuple[int, int, int]] = context.cache()  # emptied with the kernel context
 
     def plan(input: torch.Tensor, num_groups: int, weight: torch.Tensor | None,
              bias: torch.Tensor | None) -> tuple[int, int, int]:

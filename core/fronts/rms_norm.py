@@ -252,7 +252,7 @@ def entries(forward: Forward, backward: Backward) -> tuple[Callable[..., torch.T
     layout); per call it allocates the outputs and launches, through
     :func:`flaggems.autograd.apply` when a gradient is needed.
     """
-    layouts: dict[tuple, Layout] = context.cache()  # emptied with the kernel context (tuning, facts)
+    layouts: dict[tuple, Layout] = context.cache()  # emptied with the kernel context
 
     def plan(input: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor | None,
              cast_first: bool) -> Layout:

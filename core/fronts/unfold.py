@@ -146,7 +146,7 @@ def entries(backward: Callable[[BackwardCall], None], dtypes: frozenset[torch.dt
     is something to sum); it may raise ``Decline`` before writing anything.
     Geometries are validated once and cached.
     """
-    geometries: dict[tuple, BackwardGeometry] = context.cache()  # emptied with the kernel context (tuning, facts)
+    geometries: dict[tuple, BackwardGeometry] = context.cache()  # emptied with the kernel context
 
     def unfold_backward(grad_in: torch.Tensor, input_sizes: Sequence[int], dim: int, size: int,
                         step: int) -> torch.Tensor:

@@ -108,6 +108,27 @@ def gradient_terms(op: str) -> Callable[..., dict[str, Any]] | None:
     return _GRADIENT_TERMS.get(normalize_op(op))
 
 
+def gradient_term_scales(op: str, args: tuple, kwargs: dict, incoming: list[torch.Tensor],
+                         leaves: list[torch.Tensor]) -> list[torch.Tensor | None]:
+    """Per leaf of a float64 call (``leaves``: tensors among ``args``/``kwargs``), the magnitude of the terms
+    its gradient adds up (the op's :func:`register_gradient_terms`); ``None`` where the op registers none,
+    the terms do not describe the call, or a leaf's scale has another shape."""
+    import inspect
+
+    terms = gradient_terms(op)
+    if terms is None:
+        return [None] * len(leaves)
+    try:
+        bound = inspect.signature(terms).bind(*args, incoming=[g.double() for g in incoming], **kwargs)
+        with torch.no_grad():
+            scales = terms(*bound.args, **bound.kwargs)
+    except Exception:  # noqa: BLE001 - a call the terms do not describe: no such judge
+        return [None] * len(leaves)
+    names = {id(value): name for name, value in bound.arguments.items() if isinstance(value, torch.Tensor)}
+    found = [scales.get(names.get(id(leaf), "")) for leaf in leaves]
+    return [s if s is None or s.shape == leaf.shape else None for s, leaf in zip(found, leaves, strict=True)]
+
+
 def float64_reference(op: str) -> Callable[..., Any] | None:
     """The registered float64 reference of ``op`` (``None``: the op itself on float64 copies)."""
     from ..policy import normalize_op

@@ -37,7 +37,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import inspect
 import os
 import random
 import time
@@ -655,25 +654,13 @@ def _gradients_no_farther(actual: tuple, expected: tuple, truth: tuple, ulps: fl
 
 def _term_scales(op: str, exp: Prepared, incoming: list[torch.Tensor]) -> list[torch.Tensor | None]:
     """Per leaf that requires grad, the float64 magnitude of the terms its gradient adds up, from the op's
-    registered gradient terms (:func:`flaggems.testing.register_gradient_terms`); ``None`` where unknown."""
-    from . import gradient_terms
+    registered gradient terms (:func:`flaggems.testing.gradient_term_scales`); ``None`` where unknown."""
+    from . import gradient_term_scales
 
-    leaves = _grad_leaves(exp.built)
-    terms = gradient_terms(op)
-    if terms is None:
-        return [None] * len(leaves)
     wide = _widener()
     args = tuple(wide(a) for a in exp.built.args)
     kwargs = {k: wide(v) for k, v in exp.built.kwargs.items()}
-    try:
-        bound = inspect.signature(terms).bind(*args, incoming=[g.double() for g in incoming], **kwargs)
-        with torch.no_grad():
-            scales = terms(*bound.args, **bound.kwargs)
-    except Exception:  # noqa: BLE001 - a call the terms do not describe: no such judge
-        return [None] * len(leaves)
-    names = {id(value): name for name, value in bound.arguments.items() if isinstance(value, torch.Tensor)}
-    found = [scales.get(names.get(id(wide(leaf)), ""), None) for leaf in leaves]
-    return [s if s is None or s.shape == leaf.shape else None for s, leaf in zip(found, leaves, strict=True)]
+    return gradient_term_scales(op, args, kwargs, incoming, [wide(leaf) for leaf in _grad_leaves(exp.built)])
 
 
 def _host_kernels(dev: torch.device) -> bool:

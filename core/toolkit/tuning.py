@@ -298,7 +298,6 @@ class ScanPolicy:
         return max(self.threads // warp_size, 1)
 
 
-#: Tuning key -> the launch policy its values configure (kernel families register theirs).
 @dataclass(frozen=True)
 class GluPolicy:
     """Tile and warps of the gated activations (``Tuning("glu", {...})``: ``silu_mul``, ``gelu_mul``, ...).
@@ -339,10 +338,11 @@ class RotaryPolicy:
         return _integer_policy(cls, "rotary_embedding", values, ("tile", "num_warps"), {})
 
 
+#: Tuning key -> the launch policy its values configure (kernel families register theirs).
 POLICIES: dict[str, type] = {KEY: ElementwisePolicy, "group_norm": GroupNormPolicy,
                              "gather_scatter": GatherScatterPolicy, "grouped_scatter": GroupedScatterPolicy,
                              "scan": ScanPolicy, "glu": GluPolicy, "rotary_embedding": RotaryPolicy}
-_FAMILY_POLICIES: dict[str, Any] = {}
+_FAMILY_POLICIES: dict[str, Any] = context.cache()  # new context, new tuning
 
 
 def policy(key: str) -> Any:
@@ -415,4 +415,3 @@ def reset_policy() -> None:
 
 
 context.on_reset(reset_policy)  # new context, new tuning
-context.on_reset(_FAMILY_POLICIES.clear)
