@@ -154,12 +154,11 @@ def install(ctx: KernelContext) -> None:
     global _CURRENT
     with _LOCK:
         _CURRENT = ctx
-    for listener in _LISTENERS:
-        listener()
+    _drop_derived()
 
 
 class ContextCache(dict):
-    """A dict :func:`reset` empties: what a front or a module derives from the context (plans whose launch
+    """A dict :func:`reset` and :func:`install` empty: what a front or a module derives from the context (plans whose launch
     reads tuning or device facts). Weakly held: a cache its owner dropped is not kept alive."""
 
 
@@ -183,6 +182,11 @@ def reset() -> None:
     global _CURRENT
     with _LOCK:
         _CURRENT = None
+    _drop_derived()
+
+
+def _drop_derived() -> None:
+    """Empty every :class:`ContextCache` and tell every listener: what they hold came from the old context."""
     for derived in list(_CACHES.values()):
         derived.clear()
     for listener in _LISTENERS:
