@@ -9,7 +9,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import threading
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from . import backends, compiled, config, log, policy, userwarn
@@ -87,6 +87,22 @@ def _is_dtype_name(name: Any) -> bool:
 
 #: Names of the backends built into the core (a plugin may not declare one of them again).
 BUILTIN_NAMES = frozenset(b.name for b in backends.BUILTIN)
+
+
+class FrozenTuning:
+    """The merged tuning of one kernel context: the plugins' hooks run once, at the first read, and the answer
+    holds until the context is reset (each kernel family's read ran every plugin's hook before); a key no
+    plugin tunes reads empty. A plugin's bad tuning raises at that read, as ``enable()`` does."""
+
+    def __init__(self, merge: Callable[[], dict[str, dict[str, Any]]]) -> None:
+        self._merge = merge
+        self._merged: dict[str, dict[str, Any]] | None = None
+
+    def __call__(self, key: str) -> dict[str, Any]:
+        """A copy of ``key``'s values (the caller may keep or change it)."""
+        if self._merged is None:
+            self._merged = self._merge()
+        return dict(self._merged.get(key, {}))
 
 
 class Runtime:
@@ -207,11 +223,7 @@ class Runtime:
             dependent_launch=bool(config.get("FLAGGEMS_DEPENDENT_LAUNCH")),
             grouped_scatter=bool(config.get("FLAGGEMS_GROUPED_SCATTER")),
             facts_source=None if facts is None else resolve_callable(facts),
-            native_scope=native_scope, tuning=self.tuning_for)
-
-    def tuning_for(self, key: str) -> dict[str, Any]:
-        """The merged tuning values of one key (empty when no plugin tunes it)."""
-        return dict(self.tuning().get(key, {}))
+            native_scope=native_scope, tuning=FrozenTuning(self.tuning))
 
     # -- implementations ---------------------------------------------------
     def implementations(self) -> list[tuple[str, OpImpl]]:

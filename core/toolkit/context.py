@@ -158,8 +158,8 @@ def install(ctx: KernelContext) -> None:
 
 
 class ContextCache(dict):
-    """A dict :func:`reset` and :func:`install` empty: what a front or a module derives from the context (plans whose launch
-    reads tuning or device facts). Weakly held: a cache its owner dropped is not kept alive."""
+    """A dict :func:`reset` and :func:`install` empty: what a front or a module derives from the context
+    (plans whose launch reads tuning or device facts). Weakly held: a cache its owner dropped is not kept."""
 
 
 _CACHES: weakref.WeakValueDictionary[int, ContextCache] = weakref.WeakValueDictionary()  # by identity
@@ -170,6 +170,25 @@ def cache() -> ContextCache:
     found = ContextCache()
     _CACHES[id(found)] = found
     return found
+
+
+def cached(function: Callable[..., Any]) -> Callable[..., Any]:
+    """``function`` memoised by its (hashable) positional arguments in a :class:`ContextCache`: the answers
+    derive from the context (device facts, tuning), so every reset forgets them."""
+    answers = cache()
+
+    @functools.wraps(function)
+    def lookup(*args: Any) -> Any:
+        found = answers.get(args, _MISSING)
+        if found is _MISSING:
+            found = answers[args] = function(*args)
+        return found
+
+    lookup.answers = answers  # type: ignore[attr-defined]  # held here: the registry holds caches weakly
+    return lookup
+
+
+_MISSING = object()
 
 
 def on_reset(listener: Callable[[], None]) -> None:

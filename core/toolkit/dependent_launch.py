@@ -50,7 +50,7 @@ except ImportError:  # a Triton without grid dependency control: kernels keep th
 else:
     _GDC = True
 
-_BY_DEVICE: dict[int, bool] = {}
+_BY_DEVICE: dict[int, bool] = context.cache()  # the answers derive from the context's flags
 
 
 def _triton_has_pdl_option() -> bool:
@@ -90,4 +90,3 @@ def dependent_launch(like: torch.Tensor) -> bool:
     return ok
 
 
-context.on_reset(_BY_DEVICE.clear)  # the answers derive from the context's flags

@@ -463,8 +463,7 @@ def _needs_int64(a: torch.Tensor, b: torch.Tensor, index: torch.Tensor, work: in
 
 
 #: Plans per geometry: planning costs ~10 µs of Python, a cached launch ~3 µs.
-_PLANS: dict[tuple, IndexPlan | None] = {}
-context.on_reset(_PLANS.clear)  # plans hold the policy's tiles: a new context (new tuning) drops them
+_PLANS: dict[tuple, IndexPlan | None] = context.cache()  # plans hold the policy's tiles
 
 
 def index_along_dim(a: torch.Tensor, b: torch.Tensor, dim: int, index: torch.Tensor, scatter: bool,
@@ -493,8 +492,7 @@ _EITHER_CONSTEXPRS = ("BLOCK_R", "BLOCK_C", "INT64", "A_LINEAR", "A_UNIT", "B_UN
                       "WHOLE_TILES")
 _EITHER_LAUNCHERS: dict[tuple, FastLauncher] = {}
 #: Per geometry: the two plans' launcher, grid and runtime scalars (None: a layout is unsupported).
-_EITHER_PLANS: dict[tuple, tuple[FastLauncher, tuple[int], tuple[int, ...]] | None] = {}
-context.on_reset(_EITHER_PLANS.clear)
+_EITHER_PLANS: dict[tuple, tuple[FastLauncher, tuple[int], tuple[int, ...]] | None] = context.cache()
 
 
 def _plan_either(dest: torch.Tensor, source: torch.Tensor, dim: int, index: torch.Tensor,

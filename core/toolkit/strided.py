@@ -17,6 +17,7 @@ from typing import Any
 
 import torch
 
+from . import context
 from . import copy_kernels as kernels
 from .dtypes import SUPPORTED_DTYPES
 from .launch import FastLauncher
@@ -204,8 +205,8 @@ def plan_copy(shape: Sequence[int], dst_strides: Sequence[int], src_strides: Seq
     return SplitPlan(sizes[:cut], (dst[:cut], src[:cut]), sizes[cut:], (dst[cut:], src[cut:]), inner)
 
 
-#: Plans per layout key, valid for the current policy (emptied when it changes).
-_PLANS: dict[tuple, Any] = {}
+#: Plans per layout key, valid for the current policy (emptied when it is forced or the context resets).
+_PLANS: dict[tuple, Any] = context.cache()
 on_policy_change(_PLANS.clear)
 
 

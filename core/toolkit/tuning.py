@@ -25,7 +25,6 @@ when the core merges the tuning, at ``enable()``), never silently ignored.
 from __future__ import annotations
 
 import dataclasses
-import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -370,41 +369,32 @@ def check_tuning(key: str, values: Mapping[str, Any]) -> None:
     policy.from_values(values)
 
 
-_LOCK = threading.Lock()
-_CURRENT: ElementwisePolicy | None = None
 _LISTENERS: list[Callable[[], None]] = []
 
 
 def on_policy_change(listener: Callable[[], None]) -> None:
-    """Call ``listener()`` whenever the policy is set or reset (caches derived from it)."""
+    """Call ``listener()`` whenever the elementwise policy is forced (:func:`set_policy`); a reset of the context
+    empties the caches derived from it without this."""
     _LISTENERS.append(listener)
 
 
 def elementwise_policy() -> ElementwisePolicy:
-    """The active policy, read once from ``flaggems.tuning("elementwise")`` and cached.
+    """The active policy, read once per context from ``flaggems.tuning("elementwise")`` and cached.
 
     The plugins' values come through the kernel context (the runtime merges
     them: every plugin's hook, far too slow per call); :func:`reset_policy`,
     or a reset of the context, forgets the cached answer.
     """
-    global _CURRENT
-    policy = _CURRENT
-    if policy is None:
-        values = context.current().tuning(KEY)
-        with _LOCK:
-            if _CURRENT is None:
-                _CURRENT = ElementwisePolicy.from_values(values)
-            policy = _CURRENT
-    return policy
+    return policy(KEY)
 
 
-def set_policy(policy: ElementwisePolicy | None) -> None:
-    """Force a policy (tests, benchmarks); ``None`` re-reads tuning on next use."""
-    global _CURRENT
-    if policy is not None:
-        policy.validate()
-    with _LOCK:
-        _CURRENT = policy
+def set_policy(forced: ElementwisePolicy | None) -> None:
+    """Force a policy (tests, benchmarks) until the next reset; ``None`` re-reads tuning on next use."""
+    if forced is not None:
+        forced.validate()
+        _FAMILY_POLICIES[KEY] = forced
+    else:
+        _FAMILY_POLICIES.pop(KEY, None)
     for listener in _LISTENERS:
         listener()
 
@@ -412,6 +402,3 @@ def set_policy(policy: ElementwisePolicy | None) -> None:
 def reset_policy() -> None:
     """Forget the cached policy: the next use reads plugin tuning again."""
     set_policy(None)
-
-
-context.on_reset(reset_policy)  # new context, new tuning

@@ -228,13 +228,12 @@ def _launcher(kernel: Any, num_warps: int, **constexprs: Any) -> FastLauncher:
     return FastLauncher(kernel, constexprs, num_warps=num_warps)
 
 
-@functools.lru_cache(maxsize=64)
+@context.cached
 def _multiprocessors(device: torch.device) -> int | None:
     """The device's multiprocessor count, or ``None`` where the kernel context knows none (interpreter)."""
     return context.current().facts(device.index if device.index is not None else 0).multiprocessors
 
 
-context.on_reset(_multiprocessors.cache_clear)
 
 
 def _even_block(cols: int, tile: int) -> int:

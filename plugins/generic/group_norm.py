@@ -683,7 +683,7 @@ class Tiling:
     chunk_tiles: int
 
 
-@functools.lru_cache(maxsize=64)
+@context.cached
 def _target_programs(device_type: str, index: int) -> int:
     units = context.current().facts(index).multiprocessors if device_type != "cpu" else None
     if units:
@@ -759,7 +759,7 @@ class ForwardPlan:
     stats_size: int = 0
 
 
-_FORWARD_PLANS: dict[tuple, ForwardPlan] = {}
+_FORWARD_PLANS: dict[tuple, ForwardPlan] = context.cache()
 
 
 def _forward_plan(x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None, N: int, C: int,
@@ -884,11 +884,8 @@ class BackwardPlan:
     dx: tuple[FastLauncher, tuple[int, ...], tuple[int, ...]] | None
 
 
-_BACKWARD_PLANS: dict[tuple, BackwardPlan] = {}
+_BACKWARD_PLANS: dict[tuple, BackwardPlan] = context.cache()
 # Plans hold tiles and grids from the policy: a new context (new tuning) drops them.
-context.on_reset(_FORWARD_PLANS.clear)
-context.on_reset(_BACKWARD_PLANS.clear)
-context.on_reset(_target_programs.cache_clear)
 #: The dweight/dbias constexprs of a dx launch that computes neither.
 _NO_PARAMS = {"BLOCK_N": 1, "BLOCK_CF": 1, "BLOCK_K": 1, "HAS_DW": False, "HAS_DB": False}
 

@@ -118,8 +118,7 @@ class _Kernels:
         return steps
 
 
-_KERNELS: dict[int | None, _Kernels] = {}
-context.on_reset(_KERNELS.clear)  # a new context: new tuning or device facts
+_KERNELS: dict[int | None, _Kernels] = context.cache()  # a new context: new tuning or device facts
 
 
 def _kernels(device: torch.device) -> _Kernels:

@@ -351,13 +351,12 @@ def _launcher(kernel: Any, num_warps: int, **constexprs: Any) -> FastLauncher:
     return FastLauncher(kernel, constexprs, num_warps=num_warps)
 
 
-@functools.lru_cache(maxsize=64)
+@context.cached
 def _target_programs(device_type: str, index: int, per_sm: int) -> int:
     units = context.current().facts(index).multiprocessors if device_type != "cpu" else None
     return per_sm * units if units else DEFAULT_TARGET
 
 
-context.on_reset(_target_programs.cache_clear)
 
 
 def _contiguous_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
@@ -428,10 +427,8 @@ def _forward_plan(input: torch.Tensor, residual: torch.Tensor | None, weight: to
     return launcher, (cdiv(rows, packed),), scalars
 
 
-_FORWARD: dict[tuple, tuple] = {}
-_BACKWARD: dict[tuple, tuple] = {}
-context.on_reset(_FORWARD.clear)
-context.on_reset(_BACKWARD.clear)
+_FORWARD: dict[tuple, tuple] = context.cache()
+_BACKWARD: dict[tuple, tuple] = context.cache()
 
 
 def _weight_key(weight: torch.Tensor | None) -> tuple | None:

@@ -96,8 +96,7 @@ def _row_kernel(dst, src, index, index_stride, outer, n, inner, dim_size, tiles,
         tl.store(dst + dst_at, value, mask=ok_r[:, None] & live_c[None, :])
 
 
-_LAUNCHERS: dict[tuple, FastLauncher] = {}
-context.on_reset(_LAUNCHERS.clear)
+_LAUNCHERS: dict[tuple, FastLauncher] = context.cache()
 
 
 def _launcher(kernel: object, **constexprs: int) -> FastLauncher:
