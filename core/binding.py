@@ -27,7 +27,6 @@ from torch.autograd import forward_ad
 from . import compiled, config, log
 from .chain import DECLINES, Decline, declines_of, note_decline, walk  # noqa: F401 - re-exported
 from .policy import Route
-from .toolkit import context as kernel_context
 from .toolkit.recording import RECORDERS
 from .types import resolve_callable
 
@@ -472,8 +471,6 @@ def forget_plans() -> None:
     """Drop the registries kept for a later ``enable()`` (their plans with them)."""
     _KEPT.clear()
 
-
-kernel_context.on_reset(forget_plans)
 
 
 def _fingerprint(dispatch_key: str, routes: dict[str, Route], compiled_entry: Any) -> tuple:

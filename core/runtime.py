@@ -295,19 +295,17 @@ class Runtime:
     def without_vendor_tuning(self) -> Iterator[None]:
         """Inside the block the shared kernels run with the generic tuning only (the bench's ``untuned`` side).
 
-        Kernels read a new context and the compiled entry's plans are dropped on the way in and out.
+        Kernels read a new context (the compiled entry's plans dropped with the old) on the way in and out.
         """
         with self.lock:
             saved, self._vendor_tuning = self._vendor_tuning, False
-        kernel_context.reset()
-        self.clear_plans()
+        kernel_context.reset()  # a new context, and the compiled plans made under the old one dropped
         try:
             yield
         finally:
             with self.lock:
                 self._vendor_tuning = saved
             kernel_context.reset()
-            self.clear_plans()
 
     def compute_routes(self, include: Iterable[str] | str | None = None,
                        exclude: Iterable[str] | str | None = None) -> dict[str, policy.Route]:
@@ -435,3 +433,11 @@ class Runtime:
 
 RUNTIME = Runtime()
 kernel_context.set_provider(RUNTIME.kernel_context)
+
+
+def _forget_compiled_plans() -> None:
+    """Compiled plans hold launch parameters derived from the context (tuned tiles, device facts): one reset."""
+    RUNTIME.clear_plans()
+
+
+kernel_context.on_reset(_forget_compiled_plans)
