@@ -25,7 +25,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
 import _old_launch  # noqa: E402
-from probe import _launch_probe_1, _launch_probe_6p24, _launch_probe_8, _launch_probe_24  # noqa: E402
+from probe_group_norm import _launch_probe_1, _launch_probe_6p24, _launch_probe_8, _launch_probe_24  # noqa: E402
 
 from flaggems.toolkit.launch import FastLauncher  # noqa: E402
 

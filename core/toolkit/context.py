@@ -185,6 +185,7 @@ def cached(function: Callable[..., Any]) -> Callable[..., Any]:
         return found
 
     lookup.answers = answers  # type: ignore[attr-defined]  # held here: the registry holds caches weakly
+    lookup.cache_clear = answers.clear  # type: ignore[attr-defined]  # as functools.lru_cache spells it
     return lookup
 
 

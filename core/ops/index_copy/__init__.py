@@ -1,0 +1,1 @@
+"""The index_copy op family: ``index_copy_`` / ``index_copy``: rows written at an index."""

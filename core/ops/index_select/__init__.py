@@ -1,0 +1,1 @@
+"""The index_select op family: ``index_select``: rows gathered at an index."""

@@ -1,0 +1,1 @@
+"""The repeat_interleave op family: ``repeat_interleave``'s three overloads."""

@@ -1,0 +1,1 @@
+"""The unfold op family: ``unfold`` (the view) and ``unfold_backward``."""
