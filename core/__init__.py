@@ -200,6 +200,7 @@ def _on_import() -> None:
     from . import ops
 
     ops.define()  # flaggems' own operators exist whether or not flaggems is enabled (patched models call them)
+    ops.register_policies()  # before discovery: the plugins' tuning is checked against them
     _runtime().discover()
     _config.warn_unknown()  # after discovery: the plugins' own variables are declared by then
 

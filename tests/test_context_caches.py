@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 import flaggems
+from flaggems.ops.glu.policy import GluPolicy
 from flaggems.toolkit import context, tuning
 
 
@@ -18,7 +19,7 @@ def test_a_context_cache_is_emptied_at_every_reset():
 def test_a_tuning_change_reaches_the_plans_a_front_keeps(monkeypatch):
     from flaggems.plugins.generic import glu  # the generic implementation, called directly
 
-    warps, policies = [], {"glu": tuning.GluPolicy()}
+    warps, policies = [], {"glu": GluPolicy()}
     real_launcher = glu._launcher
 
     def recording(kernel, num_warps, **flags):
@@ -33,7 +34,7 @@ def test_a_tuning_change_reaches_the_plans_a_front_keeps(monkeypatch):
     for _ in range(2):
         torch.testing.assert_close(glu.silu_mul(gate, up), want)
     assert len(warps) == 1 and warps[0] != 2  # planned once (the derived warps), then served from the cache
-    policies["glu"] = tuning.GluPolicy(num_warps=2)
+    policies["glu"] = GluPolicy(num_warps=2)
     context.reset()  # what a tuning change does (enable() with new tuning, the bench's untuned side)
     torch.testing.assert_close(glu.silu_mul(gate, up), want)
     assert warps[1:] == [2]  # planned again, with the tuning in force

@@ -21,6 +21,7 @@ from conftest import ran, run_compiled, set_kernel_context
 import flaggems
 from flaggems import testing
 from flaggems.binding import native_scope
+from flaggems.ops.group_norm.policy import GroupNormPolicy
 from flaggems.plugins.generic import group_norm as gn
 
 DEV = torch.device(flaggems.backend().device_type)
@@ -442,12 +443,11 @@ def test_huge_values_after_a_zero_are_not_nan():
 def test_channels_last_chunks_are_not_shorter_than_the_policy_rows():
     """Short chunks of a channels_last input write more partials than they read: at least min_chunk_rows."""
     from flaggems.plugins.generic import group_norm as kernels
-    from flaggems.toolkit import tuning
 
-    policy = tuning.GroupNormPolicy()
+    policy = GroupNormPolicy()
     for C, HxW in ((1280, 256), (2560, 64), (320, 4096), (48, 15)):
         t = kernels.plan_tiling(2, C, HxW, True, torch.device("cuda" if torch.cuda.is_available() else "cpu"))
         assert t.block_c <= policy.channel_block_max
         assert t.K == 1 or t.chunk_tiles * t.block_s >= policy.min_chunk_rows
     with pytest.raises(ValueError):
-        tuning.GroupNormPolicy.from_values({"channel_block_max": 300})
+        GroupNormPolicy.from_values({"channel_block_max": 300})

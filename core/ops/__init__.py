@@ -37,7 +37,8 @@ import torch
 
 from ._spec import PARTS, Defined, OpSpec
 
-__all__ = ["NAMESPACE", "PARTS", "Defined", "OpSpec", "define", "defined", "overload", "spec", "specs"]
+__all__ = ["NAMESPACE", "PARTS", "Defined", "OpSpec", "define", "defined", "overload", "register_policies", "spec",
+           "specs"]
 
 NAMESPACE = "flaggems"
 
@@ -98,6 +99,16 @@ def define() -> None:
             library.define(op.schema)
             library.impl(name, op.reference, "CompositeImplicitAutograd")
         _LIBRARY.append(library)
+
+
+def register_policies() -> None:
+    """Register each family's launch policies (its ``policy.py``) with the toolkit, so that their tuning keys
+    are checked at ``enable()`` and read by the kernels (``import flaggems`` does it, after :func:`define`)."""
+    from ..toolkit import tuning
+
+    for record in specs():
+        for key, policy in record.policies().items():
+            tuning.register_policy(key, policy)
 
 
 def overload(name: str) -> torch._ops.OpOverload:

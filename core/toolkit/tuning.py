@@ -97,9 +97,10 @@ def _power_of_two(key: str, name: str, value: int) -> None:
         raise ValueError(f"tuning {key}.{name}={value}: expected a power of two")
 
 
-def _integer_policy(cls: type, key: str, values: Mapping[str, Any], powers_of_two: tuple[str, ...],
-                    minimums: Mapping[str, int]) -> Any:
-    """A policy of integer fields: unknown fields, non-powers of two and values below a minimum raise."""
+def integer_policy(cls: type, key: str, values: Mapping[str, Any], powers_of_two: tuple[str, ...],
+                   minimums: Mapping[str, int]) -> Any:
+    """A policy of integer fields (for a ``from_values``): unknown fields, non-powers of two and values below
+    a minimum raise ``ValueError``."""
     unknown_fields(key, cls, values)
     policy = cls(**{name: int(value) for name, value in values.items()})
     for name in powers_of_two:
@@ -108,48 +109,6 @@ def _integer_policy(cls: type, key: str, values: Mapping[str, Any], powers_of_tw
         if getattr(policy, name) < least:
             raise ValueError(f"tuning {key}.{name}={getattr(policy, name)}: expected an integer >= {least}")
     return policy
-
-
-@dataclass(frozen=True)
-class GroupNormPolicy:
-    """Tiles and grid of the group_norm reductions (``Tuning("group_norm", {...})``).
-
-    Attributes:
-        tile: elements per ``[BLOCK_C, BLOCK_S]`` tile of every kernel that walks the input.
-        num_warps: warps per program.
-        finalize_tile: partials per tile of the finalize kernels.
-        param_tile: partials per tile of the dweight/dbias sums.
-        param_min_channels: at least this many channels per dweight/dbias program.
-        max_chunks: at most this many spatial chunks per channel (bounds the workspace).
-        fuse_limit: the finalize step folds into the next launch when a tile merges at most this many
-            partials (0: never).
-        programs_per_sm: programs wanted per multiprocessor when groups are split over the device.
-        channel_block_max: at most this many channels per tile of a channels_last input (its unit stride).
-        min_chunk_rows: at least this many spatial positions per chunk of a channels_last input: each chunk
-            writes 3 fp32 partials per channel, so short chunks write more than they read (2x1280x16x16 fp16
-            in chunks of 2 rows wrote 3.9 MB of partials for a 655 KB input, 0.83x torch's GN + SiLU, H200).
-    """
-
-    # A sweep of tile 2048/4096/8192 x 4/8 warps x 2/4 programs per SM moved the kernels by at most
-    # ~10% either way with no setting best on every shape (H200): the defaults stay.
-    tile: int = 4096
-    num_warps: int = 8
-    finalize_tile: int = 1024
-    param_tile: int = 4096
-    param_min_channels: int = 4
-    max_chunks: int = 128
-    fuse_limit: int = 1024
-    programs_per_sm: int = 4
-    channel_block_max: int = 512
-    min_chunk_rows: int = 32
-
-    @classmethod
-    def from_values(cls, values: Mapping[str, Any]) -> GroupNormPolicy:
-        """Build a policy from a tuning mapping; raises ``ValueError`` on unknown fields or bad values."""
-        return _integer_policy(cls, "group_norm", values,
-                               ("tile", "num_warps", "finalize_tile", "param_tile", "param_min_channels",
-                                "channel_block_max"),
-                               {"max_chunks": 1, "programs_per_sm": 1, "fuse_limit": 0, "min_chunk_rows": 1})
 
 
 @dataclass(frozen=True)
@@ -195,7 +154,7 @@ class GatherScatterPolicy:
     @classmethod
     def from_values(cls, values: Mapping[str, Any]) -> GatherScatterPolicy:
         """Build a policy from a tuning mapping; raises ``ValueError`` on unknown fields or bad values."""
-        return _integer_policy(cls, "gather_scatter", values,
+        return integer_policy(cls, "gather_scatter", values,
                                ("tile", "max_cols", "num_warps", "min_tile", "elements_per_warp", "wide_tile_bytes",
                                 "few_rows_warps", "merged_gather_warps", "search_lanes"),
                                {"min_programs": 0, "few_rows": 0, "wide_row_bytes": 1})
@@ -239,7 +198,7 @@ class GroupedScatterPolicy:
     @classmethod
     def from_values(cls, values: Mapping[str, Any]) -> GroupedScatterPolicy:
         """Build a policy from a tuning mapping; raises ``ValueError`` on unknown fields or bad values."""
-        policy = _integer_policy(cls, "grouped_scatter", values,
+        policy = integer_policy(cls, "grouped_scatter", values,
                                  ("block", "partition_warps", "scatter_block", "scatter_warps", "count_warps",
                                   "window"),
                                  {"partition_stages": 1, "programs": 1, "windows": 2, "spread_share": 1,
@@ -280,7 +239,7 @@ class ScanPolicy:
     @classmethod
     def from_values(cls, values: Mapping[str, Any]) -> ScanPolicy:
         """Build a policy from a tuning mapping; raises ``ValueError`` on unknown fields or bad values."""
-        policy = _integer_policy(cls, "scan", values, ("block", "sub", "fanout", "chunk", "tile", "threads"),
+        policy = integer_policy(cls, "scan", values, ("block", "sub", "fanout", "chunk", "tile", "threads"),
                                  {"lookback": 0})
         if policy.lookback:
             _power_of_two("scan", "lookback", policy.lookback)
@@ -297,50 +256,10 @@ class ScanPolicy:
         return max(self.threads // warp_size, 1)
 
 
-@dataclass(frozen=True)
-class GluPolicy:
-    """Tile and warps of the gated activations (``Tuning("glu", {...})``: ``silu_mul``, ``gelu_mul``, ...).
-
-    Attributes:
-        tile: elements a program covers on large inputs (a power of two, at least 512: the kernel halves it
-            down to 512 while the grid would leave multiprocessors idle).
-        num_warps: warps per program; 0 derives them from the tile (16 elements a thread, at most 8).
-    """
-
-    tile: int = 2048
-    num_warps: int = 0
-
-    @classmethod
-    def from_values(cls, values: Mapping[str, Any]) -> GluPolicy:
-        """Build a policy from a tuning mapping; raises ``ValueError`` on unknown fields or bad values."""
-        policy = _integer_policy(cls, "glu", values, ("tile",), {"tile": 512, "num_warps": 0})
-        if policy.num_warps & (policy.num_warps - 1):
-            raise ValueError(f"tuning glu.num_warps={policy.num_warps}: expected 0 or a power of two")
-        return policy
-
-
-@dataclass(frozen=True)
-class RotaryPolicy:
-    """Tile and warps of the rotary embedding (``Tuning("rotary_embedding", {...})``).
-
-    Attributes:
-        tile: elements of the input a program rotates (rows of the head dimension padded to a power of two).
-        num_warps: warps per program.
-    """
-
-    tile: int = 2048
-    num_warps: int = 4
-
-    @classmethod
-    def from_values(cls, values: Mapping[str, Any]) -> RotaryPolicy:
-        """Build a policy from a tuning mapping; raises ``ValueError`` on unknown fields or bad values."""
-        return _integer_policy(cls, "rotary_embedding", values, ("tile", "num_warps"), {})
-
-
-#: Tuning key -> the launch policy its values configure (kernel families register theirs).
-POLICIES: dict[str, type] = {KEY: ElementwisePolicy, "group_norm": GroupNormPolicy,
-                             "gather_scatter": GatherScatterPolicy, "grouped_scatter": GroupedScatterPolicy,
-                             "scan": ScanPolicy, "glu": GluPolicy, "rotary_embedding": RotaryPolicy}
+#: Tuning key -> the launch policy its values configure: the toolkit's kernels here; each op family's
+#: ``policy.py`` registers its own (:func:`register_policy`, when ``import flaggems`` loads the op specs).
+POLICIES: dict[str, type] = {KEY: ElementwisePolicy, "gather_scatter": GatherScatterPolicy,
+                             "grouped_scatter": GroupedScatterPolicy, "scan": ScanPolicy}
 _FAMILY_POLICIES: dict[str, Any] = context.cache()  # new context, new tuning
 
 

@@ -53,6 +53,7 @@ import triton.language as tl
 
 from flaggems import Decline
 from flaggems.fronts import glu as front
+from flaggems.ops.glu.policy import GluPolicy
 from flaggems.toolkit import FastLauncher, cdiv, collapse_dims, context, next_pow2, tuning
 from flaggems.toolkit.jit_helpers import hint16 as _hint16
 from flaggems.toolkit.jit_helpers import index_type as _index
@@ -60,8 +61,8 @@ from flaggems.toolkit.layout import span
 
 #: Elements a program covers (``BLOCK_R x BLOCK_C``) on large inputs; halved down to :data:`MIN_TILE` while
 #: the grid would not give every multiprocessor a program. Tuning key "glu" (``tile``, ``num_warps``:
-#: :class:`flaggems.toolkit.tuning.GluPolicy`) overrides.
-TILE = tuning.GluPolicy.tile
+#: :class:`flaggems.ops.glu.policy.GluPolicy`) overrides.
+TILE = GluPolicy.tile
 MIN_TILE = 512
 #: A column tile that divides the columns needs no column mask; the smallest accepted before masking instead.
 MIN_EVEN_BLOCK = 256

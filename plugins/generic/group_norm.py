@@ -79,6 +79,7 @@ from flaggems.fronts import group_norm as front
 from flaggems.fronts.group_norm import HALF_DTYPES as HALF_DTYPES  # re-exported (defined here before the front)
 from flaggems.fronts.group_norm import check_group_norm_inputs as check_group_norm_inputs  # re-exported
 from flaggems.fronts.group_norm import suggest_memory_format
+from flaggems.ops.group_norm.policy import GroupNormPolicy
 from flaggems.toolkit import FastLauncher, cdiv, collapse_dims, context, next_pow2, tuning
 from flaggems.toolkit.layout import remember
 
@@ -94,7 +95,7 @@ from .group_norm_kernels import (
 FLOAT_DTYPES = front.DTYPES  # re-exported, as HALF_DTYPES
 
 # Tiles and grid (tile, num_warps, finalize_tile, param_tile, param_min_channels, max_chunks, fuse_limit,
-# programs_per_sm) are the typed launch policy ``flaggems.toolkit.tuning.GroupNormPolicy`` (tuning key
+# programs_per_sm) are the typed launch policy ``flaggems.ops.group_norm.policy.GroupNormPolicy`` (tuning key
 # "group_norm"), read when a plan is built. ``fuse_limit``: step 2 is folded into step 3 (one launch less
 # each way) when a tile's merge reads at most that many partials (``BLOCK_C x next_pow2(D * K)``): always
 # for contiguous input, whose tiles hold one or a few channels; not for channels_last tiles, which span
@@ -221,7 +222,7 @@ def _group_blocks(groups: int, parts: int) -> tuple[int, int]:
     return max(min(next_pow2(groups), finalize_tile // block_j), 1), block_j
 
 
-def _policy() -> tuning.GroupNormPolicy:
+def _policy() -> GroupNormPolicy:
     return tuning.policy("group_norm")
 
 

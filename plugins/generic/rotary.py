@@ -49,15 +49,16 @@ import triton.language as tl
 
 from flaggems import Decline
 from flaggems.fronts import rotary as front
+from flaggems.ops.rotary.policy import RotaryPolicy
 from flaggems.toolkit import FastLauncher, cdiv, collapse_dims, next_pow2, tuning
 from flaggems.toolkit.jit_helpers import hint16 as _hint16
 from flaggems.toolkit.jit_helpers import index_type as _index
 
 #: Elements of the input a program rotates (``BLOCK_R`` rows of ``D``, the head dimension padded to a
 #: power of two); tuning key "rotary_embedding" (``tile``, ``num_warps``:
-#: :class:`flaggems.toolkit.tuning.RotaryPolicy`) overrides.
-TILE = tuning.RotaryPolicy.tile
-NUM_WARPS = tuning.RotaryPolicy.num_warps
+#: :class:`flaggems.ops.rotary.policy.RotaryPolicy`) overrides.
+TILE = RotaryPolicy.tile
+NUM_WARPS = RotaryPolicy.num_warps
 INT32_LIMIT = 2**31
 #: Row dimensions the kernel unravels (rank-4 ``q`` and ``k`` collapse to at most three).
 ROW_DIMS = 3
