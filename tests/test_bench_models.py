@@ -55,7 +55,7 @@ def test_smoke_run_matches_torch_and_writes_json(tmp_path, capsys):
 
 
 def test_llama_workloads_skip_with_one_line_each_without_transformers(monkeypatch, capsys):
-    monkeypatch.setattr(models, "transformers_available", lambda: False)
+    monkeypatch.setattr(models._deps, "transformers_available", lambda: False)
     assert main(["bench", "--models", "--smoke", "--only", "llama*"]) == 2  # nothing ran
     skipped = [line for line in capsys.readouterr().out.splitlines() if line.startswith("skipped ")]
     assert len(skipped) == len(models.select(["llama*"])) == 12
@@ -217,7 +217,7 @@ def test_patched_and_liger_are_omitted_without_a_transformers_model():
 
 
 def test_liger_is_absent_without_liger_kernel_and_skipped_off_cuda(monkeypatch):
-    monkeypatch.setattr(models, "liger_unavailable", lambda: "liger_kernel is not installed")
+    monkeypatch.setattr(models._deps, "liger_unavailable", lambda: "liger_kernel is not installed")
     names, absent = models.run_sides(models.Settings(smoke=True))
     assert names == ["torch", "flaggems", "patched"] and absent == {"liger": "liger_kernel is not installed"}
     with pytest.raises(models.Skip, match="CUDA"):
@@ -420,9 +420,9 @@ def test_a_fake_liger_is_swapped_in_on_its_side_only(monkeypatch, tmp_path):
         modeling_llama.LlamaRMSNorm.liger_marker = True  # a class attribute, as older Liger releases set
         model.liger_applied = True
 
-    monkeypatch.setattr(models, "liger_unavailable", lambda: None)
-    monkeypatch.setattr(models, "liger_apply", lambda family, device: functools.partial(fake_apply,
-                                                                                        **models.LIGER_OPTIONS))
+    monkeypatch.setattr(models._deps, "liger_unavailable", lambda: None)
+    monkeypatch.setattr(models._deps, "liger_apply",
+                        lambda family, device: functools.partial(fake_apply, **models.LIGER_OPTIONS))
     case = models.build_prefill(models.LLAMA, torch.device("cpu"), smoke=True)
     side = models.LigerSide(torch.device("cpu"))
     side.prepare(case)
@@ -448,12 +448,12 @@ def test_a_fake_liger_is_swapped_in_on_its_side_only(monkeypatch, tmp_path):
 
 def test_liger_with_an_unknown_api_skips_its_side_with_one_line(monkeypatch, capsys):
     pytest.importorskip("transformers")
-    monkeypatch.setattr(models, "liger_unavailable", lambda: None)
+    monkeypatch.setattr(models._deps, "liger_unavailable", lambda: None)
 
     def unknown(family, device):
         raise models.Skip("apply_liger_kernel_to_llama takes no swiglu (an API this benchmark does not know)")
 
-    monkeypatch.setattr(models, "liger_apply", unknown)
+    monkeypatch.setattr(models._deps, "liger_apply", unknown)
     assert main(["bench", "--models", "--smoke", "--only", "llama_prefill", "--side", "liger"]) == 0
     lines = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("skipped side liger")]
     assert len(lines) == 1 and "takes no swiglu" in lines[0]
