@@ -1,9 +1,10 @@
 """Plugins' :class:`~flaggems.types.PatchRule` records, applied by :func:`flaggems.patching.patch`.
 
 A vendor declines a kind of module where its stack takes another path (Ascend: diffusers calls
-``torch_npu``'s own GEGLU on an NPU) or makes the patched forward of a kind itself. The runtime collects the
-rules once per :func:`flaggems.patch` (:meth:`flaggems.runtime.Runtime.patch_rules`); nothing here runs per
-call of a patched module.
+``torch_npu``'s own GEGLU on an NPU) or makes the patched forward of a kind itself; an op family's
+``patch.py`` (``RULES``) adds a kind of its own, recognised by its ``matches``, before the plugins' rules.
+The runtime collects the rules once per :func:`flaggems.patch`
+(:meth:`flaggems.runtime.Runtime.patch_rules`); nothing here runs per call of a patched module.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from typing import Any
 
 from torch import nn
 
-from .types import PatchRule
+from .types import PATCH_KINDS, PatchRule
 
 
 class Rules:
@@ -30,6 +31,15 @@ class Rules:
             reason = None if rule.decline is None else rule.decline(module)
             if reason:
                 return f"{reason} (plugin {plugin!r})"
+        return None
+
+    def new_kind(self, module: nn.Module) -> tuple[str, PatchRule] | None:
+        """The first ``(plugin, rule)`` of a kind the core does not know whose ``matches`` takes ``module``."""
+        for kind, rules in self.by_kind.items():
+            if kind not in PATCH_KINDS:
+                for plugin, rule in rules:
+                    if rule.matches is not None and rule.matches(module):
+                        return plugin, rule
         return None
 
     def forward(self, kind: str, module: nn.Module,

@@ -863,6 +863,17 @@ _LAYER_KINDS = {"layer": (_layer_reason, _layer_forward, "post_attention_layerno
                                    "pre_feedforward_layernorm")}
 
 
+def _patch_new_kind(name: str, module: nn.Module, plugin: str, rule: PatchRule, ruled: Rules, report: PatchReport,
+                    undo: _Undo) -> None:
+    """Patch ``module`` by the rule of a kind an op family or a plugin added (its forward: the last rule's)."""
+    reason = ruled.decline(rule.kind, module)
+    if reason is None:
+        _set_forward(module, ruled.forward(rule.kind, module, rule.forward), rule.kind, undo)
+        report.patched[rule.label or rule.kind] += 1
+    else:
+        report.skipped.append((name, f"{type(module).__name__}: {reason}"))
+
+
 def _require_module(model: Any, name: str) -> None:
     """``TypeError`` (as torch's own module functions raise) for anything but an ``nn.Module``."""
     if not isinstance(model, nn.Module):
@@ -954,6 +965,8 @@ def patch(model: nn.Module, rules: Sequence[tuple[str, PatchRule]] = ()) -> Patc
                 report.patched[label(module)] += 1
             else:
                 report.skipped.append((name, f"{cls}: {reason}"))
+        elif (own := ruled.new_kind(module)) is not None:
+            _patch_new_kind(name, module, *own, ruled, report, undo)
         elif cls in UNETS and getattr(module, "conv_norm_out", None) is not None:
             reason = _unet_reason(module) or ruled.decline("unet_output", module)
             if reason is None:

@@ -249,19 +249,24 @@ class Runtime:
         return impls
 
     def patch_rules(self) -> list[tuple[str, PatchRule]]:
-        """Every ``(plugin, PatchRule)`` for the active backend (a vendor's only when its backend is active),
-        their lazy references resolved. A rule that does not resolve is left out with one warning naming its
-        plugin (a :class:`PluginError` under ``FLAGGEMS_STRICT``)."""
+        """Every ``(plugin, PatchRule)`` for the active backend, their lazy references resolved: the op families'
+        own (``flaggems/ops/<family>/patch.py``, named ``flaggems.ops.<family>``) first, then the plugins' (a
+        vendor's only when its backend is active). A rule that does not resolve is left out with one warning
+        naming its plugin (a :class:`PluginError` under ``FLAGGEMS_STRICT``)."""
+        from . import ops
+
         active = self.active_backend()
         rules: list[tuple[str, PatchRule]] = []
-        for plugin, result in self.manager.call_each("flaggems_patch_rules", backend=active.backend):
+        offered = [(record.package, record.read("patch", "RULES", ())) for record in ops.specs()]
+        offered += self.manager.call_each("flaggems_patch_rules", backend=active.backend)
+        for plugin, result in offered:
             for rule in _as_records(result, PatchRule, plugin, "flaggems_patch_rules"):
                 if rule.vendor is not None and rule.vendor != active.vendor:
                     continue
                 try:
-                    resolved = dataclasses.replace(
-                        rule, decline=None if rule.decline is None else resolve_callable(rule.decline),
-                        forward=None if rule.forward is None else resolve_callable(rule.forward))
+                    resolved = dataclasses.replace(rule, **{
+                        name: resolve_callable(getattr(rule, name)) for name in ("decline", "forward", "matches")
+                        if getattr(rule, name) is not None})
                 except (ImportError, AttributeError, TypeError) as exc:
                     message = f"flaggems: {self._who(plugin)}: flaggems_patch_rules: {rule.kind}: {exc}; left out"
                     if config.get("FLAGGEMS_STRICT"):

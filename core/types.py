@@ -138,24 +138,32 @@ DECLINE_ONLY_KINDS = ("rotary", "unet_output")
 
 @dataclass(frozen=True)
 class PatchRule:
-    """A plugin's rule for one kind of module :func:`flaggems.patch` patches (``kind``, one of
-    :data:`PATCH_KINDS`), for the backend it is returned for.
+    """A rule for one kind of module :func:`flaggems.patch` patches, for the backend it is returned for.
 
-    ``decline(module) -> str | None`` names why a module the core would patch must stay as it is on this
-    backend (a vendor library that takes the module's path there, a layout the device cannot serve), or
-    ``None``. ``forward(module) -> callable``, where given, makes the patched forward in the core's stead
-    (a vendor's fused kernel for the kind). Both may be lazy ``"module:attr"`` references, resolved when
-    :func:`flaggems.patch` runs; ``vendor`` set: used only when that vendor's backend is active.
+    ``kind`` is one the core recognises by its code (:data:`PATCH_KINDS`), or a new kind an op family
+    (``flaggems/ops/<family>/patch.py``) or a plugin adds: then ``matches(module) -> bool`` says which modules
+    are of it and ``forward`` is required. ``decline(module) -> str | None`` names why a module must stay as it
+    is on this backend (a vendor library that takes the module's path there, a layout the device cannot
+    serve), or ``None``. ``forward(module) -> callable``, where given, makes the patched forward in the core's
+    stead (a vendor's fused kernel for the kind). All may be lazy ``"module:attr"`` references, resolved when
+    :func:`flaggems.patch` runs; ``vendor`` set: used only when that vendor's backend is active. ``label``:
+    what the patch report counts (default: the kind).
     """
 
     kind: str
     decline: LazyCallable | None = None
     forward: LazyCallable | None = None
     vendor: str | None = None
+    matches: LazyCallable | None = None
+    label: str | None = None
 
     def __post_init__(self) -> None:
-        if self.kind not in PATCH_KINDS:
-            raise ValueError(f"PatchRule kind {self.kind!r}: expected one of {', '.join(PATCH_KINDS)}")
+        if self.kind in PATCH_KINDS and self.matches is not None:
+            raise ValueError(f"PatchRule({self.kind!r}): the core recognises {self.kind} modules by their code; "
+                             "matches is for a new kind")
+        if self.kind not in PATCH_KINDS and (self.matches is None or self.forward is None):
+            raise ValueError(f"PatchRule kind {self.kind!r}: expected one of {', '.join(PATCH_KINDS)}, or a new "
+                             "kind with matches and forward")
         if self.decline is None and self.forward is None:
             raise ValueError(f"PatchRule({self.kind!r}) has neither a decline nor a forward")
         if self.forward is not None and self.kind in DECLINE_ONLY_KINDS:

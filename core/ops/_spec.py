@@ -10,7 +10,9 @@ loads the specs and the references, never a tool):
 * ``cases.py``: its contract cases (the conformance kit);
 * ``generate.py``: ``GENERATORS``, op -> random case generator (the randomized kit);
 * ``shapes.py``: ``WORKLOADS``, its benchmark workloads (``flaggems bench``);
-* ``policy.py``: ``POLICIES``, tuning key -> launch policy class of its kernels.
+* ``policy.py``: ``POLICIES``, tuning key -> launch policy class of its kernels;
+* ``patch.py``: ``RULES``, :class:`~flaggems.types.PatchRule` records of the model modules
+  ``flaggems.patch`` routes through its ops (a kind of its own: ``matches`` and ``forward``).
 
 Adding an op family is adding such a folder; nothing else names it.
 """
@@ -25,7 +27,7 @@ from types import ModuleType
 from typing import Any
 
 #: The parts a family folder may hold, besides ``spec.py`` (see the module docstring).
-PARTS = ("reference", "cases", "generate", "shapes", "policy")
+PARTS = ("reference", "cases", "generate", "shapes", "policy", "patch")
 
 
 @dataclass(frozen=True)
