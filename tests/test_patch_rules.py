@@ -33,6 +33,33 @@ def _marking_norm_forward(module):
     return forward
 
 
+class Scaled(torch.nn.Module):
+    """A model module of a kind the core does not know: ``x * scale``."""
+
+    def __init__(self, size: int) -> None:
+        super().__init__()
+        self.scale = torch.nn.Parameter(torch.full((size,), 0.5))
+
+    def forward(self, x):
+        return x * self.scale
+
+
+def _is_scaled(module):
+    return isinstance(module, Scaled)
+
+
+def _scaled_forward(module):
+    def forward(x):
+        forward.calls += 1
+        return torch.mul(x, module.scale)
+    forward.calls = 0
+    return forward
+
+
+def _odd_sizes_decline(module):
+    return "odd size" if module.scale.numel() % 2 else None
+
+
 @pytest.fixture
 def with_rules(runtime):
     def register(*rules: PatchRule) -> None:
@@ -94,6 +121,9 @@ def test_a_vendor_rule_applies_only_under_its_backend(with_rules):
 
 
 @pytest.mark.parametrize("kwargs,message", [({"kind": "mlps", "decline": _acme_declines_mlps}, "expected one of"),
+                                            ({"kind": "scaled", "matches": _is_scaled}, "with matches and forward"),
+                                            ({"kind": "mlp", "decline": _acme_declines_mlps, "matches": _is_scaled},
+                                             "matches is for a new kind"),
                                             ({"kind": "mlp"}, "neither a decline nor a forward"),
                                             ({"kind": "rotary", "forward": _marking_norm_forward},
                                              "cannot make a forward")])
@@ -112,3 +142,22 @@ def test_patch_works_where_no_backend_can_be_chosen(runtime, monkeypatch):
         assert report.patched
     finally:
         flaggems.unpatch(model)
+
+
+def test_a_rule_adds_a_kind_the_core_does_not_know(with_rules):
+    """A new kind: its ``matches`` picks the modules, its ``forward`` patches them (counted under its label),
+    another rule of the kind may decline one; ``unpatch`` restores them all."""
+    with_rules(PatchRule("scaled", matches=_is_scaled, forward=_scaled_forward, label="mul (scaled)"),
+               PatchRule("scaled", decline=_odd_sizes_decline, matches=_is_scaled, forward=_scaled_forward))
+    model = torch.nn.Sequential(Scaled(4), torch.nn.ReLU(), Scaled(3))
+    x = torch.randn(2, 4)
+    report = flaggems.patch(model)
+    try:
+        assert report.patched == {"mul (scaled)": 1}
+        assert any("Scaled: odd size (plugin 'acme-rules')" in why for _, why in report.skipped)
+        assert "forward" in model[0].__dict__ and "forward" not in model[2].__dict__
+        torch.testing.assert_close(model[0](x), x * 0.5)
+        assert model[0].forward.calls == 1
+    finally:
+        assert flaggems.unpatch(model)
+    assert "forward" not in model[0].__dict__
