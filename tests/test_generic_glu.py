@@ -19,16 +19,16 @@ from conftest import ran, run_compiled
 import flaggems
 from flaggems import autograd, ops, testing
 from flaggems.bench import runner
-from flaggems.bench.shapes import glu as bench_glu
 from flaggems.binding import native_scope
 from flaggems.fronts import glu as front
+from flaggems.ops.glu import shapes as bench_glu
 from flaggems.plugins.generic import glu as kernels
 from flaggems.runtime import RUNTIME
 
 DEV = torch.device(flaggems.backend().device_type)
 F16, BF16, F32, F64 = torch.float16, torch.bfloat16, torch.float32, torch.float64
 NAMES = ("silu_mul", "gelu_tanh_mul", "gelu_mul")
-#: Against the reference, in ulps of the dtype (flaggems.testing.cases.glu: the reference rounds twice, the
+#: Against the reference, in ulps of the dtype (flaggems.ops.glu.cases: the reference rounds twice, the
 #: kernel once; its fp32 gelu derivative cancels in ``1 - tanh**2``: 56 ulps measured, 1.8 for the kernel).
 ULPS = {"silu_mul": {F32: 8, F16: 2, BF16: 2}, "gelu_tanh_mul": {F32: 64, F16: 2, BF16: 2},
         "gelu_mul": {F32: 16, F16: 2, BF16: 2}}

@@ -23,10 +23,10 @@ from torch.autograd import forward_ad
 import flaggems
 from flaggems import autograd, ops, testing
 from flaggems.bench import runner
-from flaggems.bench.shapes import group_norm_silu as bench
 from flaggems.binding import native_scope
 from flaggems.fronts import group_norm as gn_front
 from flaggems.fronts import group_norm_silu as gns_front
+from flaggems.ops.group_norm.shapes import group_norm_silu as bench
 from flaggems.plugins.generic import group_norm as gn
 from flaggems.plugins.generic import group_norm_silu as impl
 from flaggems.runtime import RUNTIME
@@ -36,7 +36,7 @@ CL, CL3D = torch.channels_last, torch.channels_last_3d
 F16, BF16, F32, F64 = torch.float16, torch.bfloat16, torch.float32, torch.float64
 ROUTE = "flaggems::group_norm_silu"
 EPS = 1e-5
-#: Against the reference, in ulps of the dtype (the kit's: flaggems.testing.cases.group_norm_silu).
+#: Against the reference, in ulps of the dtype (the kit's: flaggems.ops.group_norm.cases.silu).
 ULPS = {F32: 64, F16: 4, BF16: 4}
 #: Relative tolerance against float64 (one rounding; bfloat16: the interpreter's truncating store, one ulp more).
 EXACT = {F32: 2e-6, F16: 2**-10, BF16: 2**-7}

@@ -19,9 +19,9 @@ from conftest import ran, run_compiled
 import flaggems
 from flaggems import autograd, ops, testing
 from flaggems.bench import runner
-from flaggems.bench.shapes import rotary as bench_rotary
 from flaggems.binding import native_scope
 from flaggems.fronts import rotary as front
+from flaggems.ops.rotary import shapes as bench_rotary
 from flaggems.plugins.generic import rotary as rk
 from flaggems.runtime import RUNTIME
 
@@ -31,7 +31,7 @@ OP = torch.ops.flaggems.rotary_embedding
 KEY = "flaggems::rotary_embedding"
 ROUTED = "flaggems::rotary_embedding -> generic"
 #: Against the reference, in ulps of the dtype: it rounds ``x*cos``, ``rotate(x)*sin`` and their sum, the
-#: kernel once (see flaggems.testing.cases.rotary); bfloat16 gets one more (the interpreter truncates).
+#: kernel once (see flaggems.ops.rotary.cases); bfloat16 gets one more (the interpreter truncates).
 ULPS = 4
 #: Against float64: half an ulp of the result plus the rounding of the inputs' products, relative to |x|.
 EXACT_TOL = {F32: 2e-6, F16: 4e-3, BF16: 3e-2}

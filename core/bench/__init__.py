@@ -1,7 +1,7 @@
 """``flaggems bench``: torch native vs flaggems on the seed workloads.
 
-For each op and shape (declared in :mod:`flaggems.bench.shapes`, one module
-per op) it measures torch native, flaggems (routing policy in force) and,
+For each op and shape (declared in each op family's ``shapes`` part, gathered
+by :mod:`flaggems.bench.shapes`) it measures torch native, flaggems (routing policy in force) and,
 with ``--route generic|vendor``, forced routes (``--route untuned``: the
 default chain without the active vendor's tuning, i.e. what its launch
 policy changes):
@@ -70,7 +70,7 @@ def register_cli(sub: Any, commands: dict[str, tuple[Handler, str]]) -> None:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The options of ``flaggems bench``."""
     parser.add_argument("--op", action="append", default=[], metavar="NAME",
-                        help="a shape file (copy_, index_copy...) or an aten op it routes (index_copy_); repeatable")
+                        help="a bench op (copy_, index_copy...) or an aten op it routes (index_copy_); repeatable")
     add_common_arguments(parser)
     parser.add_argument("--route", action="append", default=[], choices=("generic", "vendor", "untuned"),
                         help="also time this forced route (FLAGGEMS_FORCE), or 'untuned': the default chain "

@@ -279,7 +279,7 @@ def smoke_row(op: str, results: Sequence[Result]) -> tuple[str, ...]:
 class SmokeReport:
     """A smoke run's report: the context, then a line per op once its workloads ran, then the totals.
 
-    Workloads come grouped by op (shape modules in order, then plugins'), so an op's line is due when the next
+    Workloads come grouped by op (op families in order, then plugins'), so an op's line is due when the next
     op's first workload finishes; :meth:`flush` writes the last one.
     """
 

@@ -336,14 +336,14 @@ def compare(reference: Sequence[torch.Tensor], result: Any) -> tuple[bool, float
 
 
 def float64_run(workload: Workload, inputs: Inputs) -> list[torch.Tensor]:
-    """``workload.run`` natively on ``inputs`` with every floating tensor cast to float64 (grad kept)."""
+    """The torch side's call natively on ``inputs`` with every floating tensor cast to float64 (grad kept)."""
     def widen(value: Any) -> Any:
         if isinstance(value, torch.Tensor) and value.is_floating_point():
             return value.detach().double().requires_grad_(value.requires_grad)
         return value
 
     with side_scope(TORCH, ()):
-        return tensors_of(workload.run({name: widen(value) for name, value in inputs.items()}))
+        return tensors_of(workload.call(native=True)({name: widen(value) for name, value in inputs.items()}))
 
 
 def no_farther(reference: Sequence[torch.Tensor], outputs: Sequence[torch.Tensor],
@@ -441,7 +441,7 @@ def probe(workload: Workload, side: str, inputs: Inputs, target: Target) -> tupl
     measurement = Measurement(side)
     if side == TORCH:
         with side_scope(TORCH, ()):
-            result = workload.run(inputs)
+            result = workload.call(native=True)(inputs)
             synchronize(target.device)
         measurement.ran = "native"
         return measurement, result
@@ -489,23 +489,24 @@ class _WorkloadRun:
 
     def time(self, side_names: Sequence[str]) -> None:
         """Kernel and wall time of every side that probed cleanly, sides interleaved."""
-        fn = functools.partial(self.workload.run, self.workload.make(self.target.device, self.timing.smoke))
+        inputs = self.workload.make(self.target.device, self.timing.smoke)
+        fns = {side: functools.partial(self.workload.call(native=side == TORCH), inputs) for side in side_names}
         calls: dict[str, int] = {}
         kernel: dict[str, list[float]] = {s: [] for s in side_names}
         wall: dict[str, list[float]] = {s: [] for s in side_names}
         busy: dict[str, list[float]] = {s: [] for s in side_names}
 
         def count(side: str) -> None:
-            calls[side] = calls_per_round(fn, self.target.device, self.timing)
+            calls[side] = calls_per_round(fns[side], self.target.device, self.timing)
 
         def kernel_pass(side: str) -> None:
-            kernel[side].append(kernel_us(fn, self.target, self.timing))
+            kernel[side].append(kernel_us(fns[side], self.target, self.timing))
 
         def wall_round(side: str) -> None:
-            wall[side].append(self._wall_round(fn, calls[side]))
+            wall[side].append(self._wall_round(fns[side], calls[side]))
 
         def busy_pass(side: str) -> None:
-            spent = busy_us(fn, self.target, self.timing)
+            spent = busy_us(fns[side], self.target, self.timing)
             if spent is not None:
                 busy[side].append(spent)
 

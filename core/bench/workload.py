@@ -1,6 +1,6 @@
-"""The declarative record of one benchmark case and helpers shared by the shape files.
+"""The declarative record of one benchmark case and helpers shared by the op families' shapes parts.
 
-A shape file (``flaggems.bench.shapes.<op>``) declares ``WORKLOADS``: a tuple of
+An op family's ``shapes`` part (``flaggems.ops.<family>.shapes``) declares ``WORKLOADS``: a tuple of
 :class:`Workload`. Each names the aten ops the flaggems side routes, how to build
 its inputs at full size (``params``) and at smoke size (``smoke``), the call to
 time, and the bytes the call must move at least (for GB/s).
@@ -48,7 +48,7 @@ class Workload:
     """One benchmark case: an op at one shape and dtype.
 
     Attributes:
-        op: the shape file (``copy_``, ``index_copy``...) it belongs to.
+        op: its bench op (``copy_``, ``index_copy``...), the name ``--op`` selects and reports group by.
         name: what is measured, shapes included (shown in every report).
         dtype: ``"fp32"``, or ``"fp32->bf16"`` for a cast.
         build: ``build(device, **params)`` returns the inputs.
@@ -60,6 +60,8 @@ class Workload:
             or ``None`` where it cannot be counted.
         source: where the case comes from (a seed document, a peer measurement).
         smoke_name: the name at smoke size; empty: derived from ``name`` (see :meth:`label`).
+        torch_run: the timed call on the torch side where it is not ``run`` (torch's own fused op timed
+            against ours); ``None``: ``run`` on every side (see :meth:`call`).
     """
 
     op: str
@@ -73,15 +75,20 @@ class Workload:
     bytes_moved: Callable[[Inputs], int] | None = None
     source: str = ""
     smoke_name: str = ""
-    #: Judge a side that differs from torch beyond the dtype's tolerance against a float64 run of ``run``
+    #: Judge a side that differs from torch beyond the dtype's tolerance against a float64 run of the torch call
     #: (floating inputs cast to float64): it matches when no farther from it than torch (for reductions whose
     #: torch reference rounds an intermediate to half precision, e.g. a fused op's gradients).
     float64_judge: bool = False
+    torch_run: Callable[[Inputs], Any] | None = None
 
     @property
     def key(self) -> str:
-        """``op/name/dtype``: unique across all shape files."""
+        """``op/name/dtype``: unique across all workloads."""
         return f"{self.op}/{self.name}/{self.dtype}"
+
+    def call(self, native: bool) -> Callable[[Inputs], Any]:
+        """The call a side times: :attr:`torch_run` (where set) on the torch side (``native``), else :attr:`run`."""
+        return self.torch_run if native and self.torch_run is not None else self.run
 
     def make(self, device: torch.device | str, smoke: bool = False) -> Inputs:
         """Build the inputs on ``device`` at full size, or tiny with ``smoke``.

@@ -37,8 +37,8 @@ import torch
 
 from ._spec import PARTS, Defined, OpSpec
 
-__all__ = ["NAMESPACE", "PARTS", "Defined", "OpSpec", "define", "defined", "overload", "register_policies", "spec",
-           "specs"]
+__all__ = ["NAMESPACE", "PARTS", "Defined", "OpSpec", "define", "defined", "forget_specs", "overload",
+           "register_policies", "spec", "specs"]
 
 NAMESPACE = "flaggems"
 
@@ -85,20 +85,28 @@ def __getattr__(name: str) -> Any:
 
 _LOCK = threading.Lock()
 _LIBRARY: list[torch.library.Library] = []
+_DEFINED: set[str] = set()
 
 
 def define() -> None:
-    """Define the operators with torch, once per process (``import flaggems`` does it; about 1 ms)."""
+    """Define the families' operators with torch, each once per process (``import flaggems`` does it, about
+    1 ms; a family found later, after :func:`forget_specs`, is defined at the next call)."""
     with _LOCK:
-        if _LIBRARY:
-            return
-        if hasattr(torch.ops, NAMESPACE) and hasattr(getattr(torch.ops, NAMESPACE), "rms_norm"):
-            return  # defined by another copy of this module (a reload)
-        library = torch.library.Library(NAMESPACE, "DEF")
         for name, op in defined().items():
-            library.define(op.schema)
-            library.impl(name, op.reference, "CompositeImplicitAutograd")
-        _LIBRARY.append(library)
+            if name in _DEFINED:
+                continue
+            if not hasattr(getattr(torch.ops, NAMESPACE), name):  # else defined by another copy (a reload)
+                if not _LIBRARY:
+                    _LIBRARY.append(torch.library.Library(NAMESPACE, "FRAGMENT"))
+                _LIBRARY[0].define(op.schema)
+                _LIBRARY[0].impl(name, op.reference, "CompositeImplicitAutograd")
+            _DEFINED.add(name)
+
+
+def forget_specs() -> None:
+    """Find the families again at the next :func:`specs` (a folder added to this package's ``__path__``)."""
+    specs.cache_clear()
+    defined.cache_clear()
 
 
 def register_policies() -> None:

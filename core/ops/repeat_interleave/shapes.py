@@ -13,7 +13,7 @@ from collections.abc import Callable
 
 import torch
 
-from ..workload import Inputs, Workload, dims, nbytes, randn
+from flaggems.bench.workload import Inputs, Workload, dims, nbytes, randn
 
 OP = "repeat_interleave"
 ROWS, ITEMS = 17096, 854524

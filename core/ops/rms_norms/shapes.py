@@ -5,7 +5,7 @@ Hidden sizes of small decoders (bf16): 896 (Qwen2-0.5B), 1024, 2048
 (prefill, 4 x 512). The torch side is the reference with flaggems disabled,
 i.e. the unfused ops transformers' ``LlamaRMSNorm`` runs (``add_rms_norm``:
 ``input + residual``, then those ops). The ``vs F.rms_norm`` workloads time
-torch's own fused ``F.rms_norm`` on the torch side against our kernel with
+torch's own fused ``F.rms_norm`` on the torch side (their ``torch_run``) against our kernel with
 ``cast_first=False`` (one rounding of ``n * weight``: ``F.rms_norm``'s semantics).
 """
 
@@ -14,8 +14,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F  # noqa: N812 - the usual spelling
 
-from ...runtime import RUNTIME
-from ..workload import Inputs, Workload, dims, dtype_name, nbytes, randn
+from flaggems.bench.workload import Inputs, Workload, dims, dtype_name, nbytes, randn
 
 OP = "rms_norm"
 ROUTES = ("flaggems::rms_norm",)
@@ -65,12 +64,20 @@ def add_forward_backward(inputs: Inputs) -> tuple[torch.Tensor, ...]:
                                (inputs["dy"], inputs["dsum"]))
 
 
+def fused(inputs: Inputs) -> torch.Tensor:
+    """``flaggems::rms_norm(x, weight, eps, 0.0, cast_first=False)``: one rounding, as ``F.rms_norm`` rounds."""
+    return torch.ops.flaggems.rms_norm(inputs["x"], inputs["weight"], EPS, 0.0, False)
+
+
 def fused_torch(inputs: Inputs) -> torch.Tensor:
-    """torch's ``F.rms_norm`` on the torch side; ours with ``cast_first=False`` (the same rounding) when routed."""
-    x, weight = inputs["x"], inputs["weight"]
-    if RUNTIME.enabled_with is None:
-        return F.rms_norm(x, (x.shape[-1],), weight, EPS)
-    return torch.ops.flaggems.rms_norm(x, weight, EPS, 0.0, False)
+    """torch's own ``F.rms_norm`` (the torch side of the ``vs F.rms_norm`` workloads)."""
+    x = inputs["x"]
+    return F.rms_norm(x, (x.shape[-1],), inputs["weight"], EPS)
+
+
+def fused_backward(inputs: Inputs) -> tuple[torch.Tensor, ...]:
+    """:func:`fused`, then the gradients of ``x`` and ``weight`` for ``dy``."""
+    return torch.autograd.grad(fused(inputs), (inputs["x"], inputs["weight"]), inputs["dy"])
 
 
 def fused_torch_backward(inputs: Inputs) -> tuple[torch.Tensor, ...]:
@@ -85,26 +92,27 @@ def _bytes(passes: int):
     return count
 
 
-#: (run, passes over the hidden states at least, name prefix, routes) per kind of workload.
+#: (run, torch side's run where not ``run``, passes over the hidden states at least, name prefix, routes)
+#: per kind of workload.
 KINDS = {
-    ("norm", False): (forward, 2, "fwd", ROUTES),
-    ("norm", True): (forward_backward, 5, "fwd+bwd", ROUTES),  # forward x, y; backward x, dy, dx
-    ("add", False): (add_forward, 4, "add fwd", ADD_ROUTES),  # x, residual, normed, sum
-    ("add", True): (add_forward_backward, 8, "add fwd+bwd", ADD_ROUTES),  # + sum, dy, dsum, dx
-    ("fused", False): (fused_torch, 2, "fwd vs F.rms_norm", ROUTES),
-    ("fused", True): (fused_torch_backward, 5, "fwd+bwd vs F.rms_norm", ROUTES),
+    ("norm", False): (forward, None, 2, "fwd", ROUTES),
+    ("norm", True): (forward_backward, None, 5, "fwd+bwd", ROUTES),  # forward x, y; backward x, dy, dx
+    ("add", False): (add_forward, None, 4, "add fwd", ADD_ROUTES),  # x, residual, normed, sum
+    ("add", True): (add_forward_backward, None, 8, "add fwd+bwd", ADD_ROUTES),  # + sum, dy, dsum, dx
+    ("fused", False): (fused, fused_torch, 2, "fwd vs F.rms_norm", ROUTES),
+    ("fused", True): (fused_backward, fused_torch_backward, 5, "fwd+bwd vs F.rms_norm", ROUTES),
 }
 
 
 def case(kind: str, backward: bool, batch: int, seq: int, hidden: int,
          dtype: torch.dtype = torch.bfloat16) -> Workload:
     """One workload: ``kind`` is ``norm``, ``add`` or ``fused`` (against ``F.rms_norm``)."""
-    run, passes, prefix, routes = KINDS[(kind, backward)]
+    run, torch_run, passes, prefix, routes = KINDS[(kind, backward)]
     common = {"dtype": dtype, "add": kind == "add", "backward": backward}
     return Workload(
         op=OP, name=f"{prefix} {dims((batch, seq, hidden))}",
         smoke_name=f"{prefix} {dims((SMOKE['batch'], SMOKE['seq'], SMOKE['hidden']))}", dtype=dtype_name(dtype),
-        build=build, run=run,
+        build=build, run=run, torch_run=torch_run,
         bytes_moved=_bytes(passes), routes=routes, source="issue 39: decoder RMSNorm (Qwen2-0.5B to Llama-8B)",
         params={"batch": batch, "seq": seq, "hidden": hidden, **common}, smoke={**SMOKE, **common},
         float64_judge=backward,  # dweight sums every row: bf16 gradients differ from torch's by its own rounding

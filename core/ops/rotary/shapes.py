@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import torch
 
-from ..workload import Inputs, Workload, dtype_name, nbytes, randn
+from flaggems.bench.workload import Inputs, Workload, dtype_name, nbytes, randn
 
 OP = "rotary"
 ROUTES = ("flaggems::rotary_embedding",)

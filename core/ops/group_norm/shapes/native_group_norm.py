@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F  # noqa: N812 - the usual spelling
 
-from ..workload import Inputs, Workload, dims, dtype_name, nbytes, randn
+from flaggems.bench.workload import Inputs, Workload, dims, dtype_name, nbytes, randn
 
 OP = "native_group_norm"
 FWD_ROUTES = ("native_group_norm",)

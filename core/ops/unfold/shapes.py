@@ -8,7 +8,7 @@ import math
 
 import torch
 
-from ..workload import Inputs, Workload, dims, nbytes, randn
+from flaggems.bench.workload import Inputs, Workload, dims, nbytes, randn
 
 OP = "unfold"
 N, SMOKE_N = 16 * (1 << 20), 256

@@ -1,29 +1,30 @@
-"""Benchmark shapes: one module per op, each declaring ``WORKLOADS`` (see :class:`~flaggems.bench.workload.Workload`).
+"""Benchmark workloads: every op family's ``shapes`` part, then the plugins'.
 
-Adding an op is adding a module here and naming it in :data:`MODULES`.
+An op family (``flaggems/ops/<family>/``, see :class:`flaggems.ops.OpSpec`)
+declares its workloads in its ``shapes`` part (``shapes.py``, or a ``shapes/``
+package): ``WORKLOADS``, a tuple of :class:`~flaggems.bench.workload.Workload`.
+Each workload names its bench op (``Workload.op``: ``copy_``, ``rms_norm``...),
+the name ``--op`` selects. Adding an op's benchmarks is adding that part to its
+family's folder; no list here names the families.
 """
 
 from __future__ import annotations
 
 import fnmatch
-import importlib
 from collections.abc import Iterable
 
-from ..workload import Workload, normalize_dtype
-
-#: Shape modules, in report order (module name == bench op name).
-MODULES = ("copy_", "_to_copy", "index_copy", "index_select", "repeat_interleave", "native_group_norm", "group_norm",
-           "unfold", "rms_norm", "rotary", "glu", "group_norm_silu")
+from .workload import Workload, normalize_dtype
 
 
 def all_workloads() -> list[Workload]:
-    """Every workload of every shape module, in :data:`MODULES` order, then those of plugins
+    """Every op family's workloads, in report order (:func:`flaggems.ops.specs`), then those of plugins
     (``flaggems_bench_workloads``)."""
-    from ...runtime import RUNTIME
+    from .. import ops
+    from ..runtime import RUNTIME
 
     found: list[Workload] = []
-    for name in MODULES:
-        found.extend(importlib.import_module(f"{__name__}.{name}").WORKLOADS)
+    for record in ops.specs():
+        found.extend(record.workloads())
     for plugin, result in RUNTIME.manager.call_each("flaggems_bench_workloads"):
         extra = [result] if isinstance(result, Workload) else list(result)
         bad = [w for w in extra if not isinstance(w, Workload)]
@@ -35,7 +36,7 @@ def all_workloads() -> list[Workload]:
 
 
 def known_ops(workloads: Iterable[Workload]) -> set[str]:
-    """Names ``--op`` accepts: shape modules and the aten ops they route."""
+    """Names ``--op`` accepts: the workloads' bench ops and the aten ops they route."""
     return {w.op for w in workloads} | {route for w in workloads for route in w.routes}
 
 
@@ -43,15 +44,15 @@ def select(workloads: Iterable[Workload], ops: Iterable[str] = (), dtypes: Itera
            names: Iterable[str] = ()) -> list[Workload]:
     """Filter by op, dtype and name (globs: ``'*vs F.rms_norm*'``); empty filters keep everything.
 
-    An op names a shape module (``index_copy``) or, when no module has that
-    name, an aten op a workload routes (``index_copy_``, ``repeat_interleave.Tensor``).
+    An op names a bench op (``index_copy``: a ``Workload.op``) or, when no workload has that
+    op, an aten op a workload routes (``index_copy_``, ``repeat_interleave.Tensor``).
     """
     workloads = list(workloads)
-    modules = {w.op for w in workloads}
+    bench_ops = {w.op for w in workloads}
     wanted_ops, wanted_dtypes = set(ops), {normalize_dtype(d) for d in dtypes}
 
     def op_matches(w: Workload) -> bool:
-        return any(w.op == op if op in modules else op in w.routes for op in wanted_ops)
+        return any(w.op == op if op in bench_ops else op in w.routes for op in wanted_ops)
 
     patterns = list(names)
     return [w for w in workloads

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from ..workload import Inputs, Workload, cast_label, dims, nbytes, randn
+from flaggems.bench.workload import Inputs, Workload, cast_label, dims, nbytes, randn
 
 OP = "_to_copy"
 ROUTES = ("_to_copy",)

@@ -17,8 +17,9 @@ from __future__ import annotations
 
 import torch
 
-from ... import ops
-from ..workload import Inputs, Workload, dims, dtype_name
+from flaggems import ops
+from flaggems.bench.workload import Inputs, Workload, dims, dtype_name
+
 from . import native_group_norm as seed
 
 OP = "group_norm_silu"

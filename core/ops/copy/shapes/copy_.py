@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from ..workload import Inputs, Workload, cast_label, dims, nbytes, randn
+from flaggems.bench.workload import Inputs, Workload, cast_label, dims, nbytes, randn
 
 OP = "copy_"
 ROUTES = ("copy_",)

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import torch
 
-from ..workload import Workload
+from flaggems.bench.workload import Workload
+
 from . import native_group_norm as seed
 
 OP = "group_norm"

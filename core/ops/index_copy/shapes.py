@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from ..workload import Inputs, Workload, dims, dtype_name, nbytes, randn, seeded
+from flaggems.bench.workload import Inputs, Workload, dims, dtype_name, nbytes, randn, seeded
 
 OP = "index_copy"
 DTYPES = (torch.float16, torch.float32, torch.bfloat16)

@@ -23,8 +23,8 @@ from __future__ import annotations
 
 import torch
 
-from ... import ops
-from ..workload import Inputs, Workload, dims, dtype_name, nbytes, randn
+from flaggems import ops
+from flaggems.bench.workload import Inputs, Workload, dims, dtype_name, nbytes, randn
 
 OP = "glu"
 DTYPE = torch.bfloat16

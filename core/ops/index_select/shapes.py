@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import torch
 
-from ..workload import Inputs, Workload, dims, dtype_name, nbytes, randn, seeded
+from flaggems.bench.workload import Inputs, Workload, dims, dtype_name, nbytes, randn, seeded
 
 OP = "index_select"
 ROUTES = ("index_select",)
