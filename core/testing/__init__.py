@@ -6,8 +6,11 @@ implementation installed for the active backend (not only the one routing
 would choose) on each case and compares results, in-place mutations, dtypes,
 shapes and strides with the native kernel's.
 
-Cases live in :mod:`flaggems.testing.cases` (one module per op, imported
-lazily) or are added with :func:`register_cases`. Use from pytest::
+Cases live in each op family's ``cases`` part (``flaggems/ops/<family>/cases``,
+imported lazily: its ``CASES``, op -> cases, and optionally ``FLOAT64_REFERENCES``
+and ``GRADIENT_TERMS``, op -> function; see :mod:`flaggems.ops`), come from
+plugins (``flaggems_conformance_cases``) or are added with :func:`register_cases`.
+Use from pytest::
 
     from flaggems import testing
     @pytest.mark.parametrize("item", testing.collect(), ids=str)
@@ -18,8 +21,6 @@ lazily) or are added with :func:`register_cases`. Use from pytest::
 from __future__ import annotations
 
 import contextlib
-import importlib
-import pkgutil
 import zlib
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
@@ -55,14 +56,39 @@ def _load_case_modules() -> None:
     if _LOADED:
         return
     _LOADED = True
-    try:
-        package = importlib.import_module(f"{__name__}.cases")
-    except ModuleNotFoundError:
-        _load_plugin_cases()
-        return
-    for module in pkgutil.iter_modules(package.__path__):
-        importlib.import_module(f"{package.__name__}.{module.name}")
+    _load_family_cases()
     _load_plugin_cases()
+
+
+def _load_family_cases() -> None:
+    """What each op family's ``cases`` part declares (:mod:`flaggems.ops`, in report order): ``CASES`` (op ->
+    cases), ``FLOAT64_REFERENCES`` and ``GRADIENT_TERMS`` (op -> function), each for ops of the family."""
+    from ..ops import specs
+    from ..policy import normalize_op
+
+    for record in specs():
+        module = record.part("cases")
+        if module is None:
+            continue
+        cases = dict(getattr(module, "CASES", {}))
+        references = dict(getattr(module, "FLOAT64_REFERENCES", {}))
+        terms = dict(getattr(module, "GRADIENT_TERMS", {}))
+        covered = {normalize_op(op) for op in record.ops}
+        strays = sorted(op for op in (*cases, *references, *terms) if normalize_op(op) not in covered)
+        if strays:
+            raise ValueError(f"{module.__name__} declares {', '.join(strays)}, not ops of family "
+                             f"{record.name!r} ({', '.join(record.ops)})")
+        for op, found in cases.items():
+            found = list(found)
+            bad = [c for c in found if not isinstance(c, Case)]
+            if bad:
+                raise TypeError(f"{module.__name__}: CASES[{op!r}] holds {type(bad[0]).__name__}, "
+                                "expected flaggems.testing.Case")
+            register_cases(op, found)
+        for op, reference in references.items():
+            register_float64_reference(op, reference)
+        for op, term in terms.items():
+            register_gradient_terms(op, term)
 
 
 def _load_plugin_cases() -> None:

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from .. import DEVICE_ASSERT, Case, register_cases
-from .._inputs import values
+from flaggems.testing import DEVICE_ASSERT, Case
+from flaggems.testing._inputs import values
 
 
 def _repeats(counts, dev, dtype=torch.int64):
@@ -80,6 +80,8 @@ def _self_int_cases():
     yield Case("zero-dim-input-flattens", lambda d: ((values((), f32, d), 2), {}))
 
 
-register_cases("repeat_interleave.Tensor", list(_tensor_cases()))
-register_cases("repeat_interleave.self_Tensor", list(_self_tensor_cases()))
-register_cases("repeat_interleave.self_int", list(_self_int_cases()))
+CASES = {
+    "repeat_interleave.Tensor": list(_tensor_cases()),
+    "repeat_interleave.self_Tensor": list(_self_tensor_cases()),
+    "repeat_interleave.self_int": list(_self_int_cases()),
+}

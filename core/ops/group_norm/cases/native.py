@@ -40,8 +40,8 @@ import math
 
 import torch
 
-from .. import NATIVE_CONTIGUOUS_ON_GPU, Case, device, register_cases
-from .._inputs import short_name
+from flaggems.testing import NATIVE_CONTIGUOUS_ON_GPU, Case, device
+from flaggems.testing._inputs import short_name
 
 F32, F16, BF16, F64 = torch.float32, torch.float16, torch.bfloat16, torch.float64
 CL, CL3D = torch.channels_last, torch.channels_last_3d
@@ -113,7 +113,7 @@ def backward(name: str, shape: tuple[int, ...], group: int, dtype: torch.dtype =
     return Case(name, make, **kw)
 
 
-#: ``(name, shape, groups, options)`` of the forward cases every group_norm op shares (also :mod:`.group_norm_op`).
+#: ``(name, shape, groups, options)`` of the forward cases every group_norm op shares (:mod:`.op`, :mod:`.silu`).
 SHAPES = (
     ("contiguous-f32", (2, 6, 4, 4), 3, {}),
     ("c320-g32-ten-channels-a-group", (1, 320, 2, 2), 32, {}),
@@ -204,5 +204,7 @@ def _backward_cases():
                    match="Expected scalar types of X and dY are same.")
 
 
-register_cases("native_group_norm", list(itertools.chain(_forward_cases(), _forward_error_cases())))
-register_cases("native_group_norm_backward", list(_backward_cases()))
+CASES = {
+    "native_group_norm": list(itertools.chain(_forward_cases(), _forward_error_cases())),
+    "native_group_norm_backward": list(_backward_cases()),
+}

@@ -28,8 +28,8 @@ from __future__ import annotations
 
 import torch
 
-from .. import Case, register_cases
-from .._inputs import short_name
+from flaggems.testing import Case
+from flaggems.testing._inputs import short_name
 
 F32, F16, BF16, F64 = torch.float32, torch.float16, torch.bfloat16, torch.float64
 OPS = ("flaggems::silu_mul", "flaggems::gelu_tanh_mul", "flaggems::gelu_mul")
@@ -166,5 +166,4 @@ def _cases(op: str) -> list[Case]:
     return cases
 
 
-for _op in OPS:
-    register_cases(_op, _cases(_op))
+CASES = {op: _cases(op) for op in OPS}

@@ -4,7 +4,7 @@ Arguments exactly as the aten schema takes them:
 ``group_norm(input, num_groups, weight, bias, eps, cudnn_enabled)``. The kit
 compares the forward output (gradients are tested in
 ``tests/test_generic_group_norm_op.py``); inputs, tolerances and group sizes
-as for ``native_group_norm`` (see :mod:`.group_norm`).
+as for ``native_group_norm`` (see :mod:`.native`).
 
 Channels_last inputs are valid everywhere (torch's composite copies them
 before its kernel). flaggems returns them channels_last; torch does on CPU
@@ -17,8 +17,9 @@ from __future__ import annotations
 
 import torch
 
-from .. import Case, register_cases
-from .group_norm import (
+from flaggems.testing import Case
+
+from .native import (
     BF16,
     CL,
     CL3D,
@@ -103,4 +104,4 @@ def _error_cases():
                                                   EPS, True), (RuntimeError, NotImplementedError), None)
 
 
-register_cases("group_norm", list(_cases()) + list(_error_cases()))
+CASES = {"group_norm": list(_cases()) + list(_error_cases())}

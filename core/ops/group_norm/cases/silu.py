@@ -1,7 +1,7 @@
 """Contract cases of ``flaggems::group_norm_silu`` (``silu(group_norm(x))``, diffusers' ResnetBlock2D).
 
 Arguments as the schema takes them: ``group_norm_silu(input, num_groups,
-weight, bias, eps)``. The group norm's shapes (:data:`.group_norm.SHAPES`:
+weight, bias, eps)``. The group norm's shapes (:data:`.native.SHAPES`:
 group sizes that are not powers of two, one group, one channel a group,
 ``[N, C]``, ``[N, C, L]`` and 5-D inputs, every dtype, with and without
 weight and bias), the UNet's own (320 channels in 32 groups, fp16,
@@ -19,7 +19,7 @@ elsewhere copies a channels_last input and returns a contiguous output
 inputs out, so this holds for every case.
 
 Tolerances, in units of the output dtype's last place (``rtol = atol``):
-the group norm's (:mod:`.group_norm`: fp32 64, 256 where the mean is 100),
+the group norm's (:mod:`.native`: fp32 64, 256 where the mean is 100),
 the SiLU adding less than one ulp of its input (``|silu'| <= 1.1``); fp16 and
 bfloat16 4: the reference rounds the normalised value to the half type
 before the SiLU and again after it, the kernel rounds once (measured on the
@@ -31,8 +31,9 @@ from __future__ import annotations
 
 import torch
 
-from .. import Case, register_cases, register_gradient_terms
-from .group_norm import BF16, CL, CL3D, EPS, F16, F32, FORWARD_ULPS, NATIVE_TAKES_CHANNELS_LAST, SHAPES, _randn
+from flaggems.testing import Case
+
+from .native import BF16, CL, CL3D, EPS, F16, F32, FORWARD_ULPS, NATIVE_TAKES_CHANNELS_LAST, SHAPES, _randn
 
 OP = "flaggems::group_norm_silu"
 
@@ -168,5 +169,5 @@ def gradient_terms(input: torch.Tensor, num_groups: int, weight: torch.Tensor | 
     return terms
 
 
-register_cases(OP, list(_cases()) + list(_error_cases()))
-register_gradient_terms(OP, gradient_terms)
+CASES = {OP: list(_cases()) + list(_error_cases())}
+GRADIENT_TERMS = {OP: gradient_terms}

@@ -18,8 +18,8 @@ import itertools
 
 import torch
 
-from .. import Case, register_cases
-from .._inputs import short_name, values
+from flaggems.testing import Case
+from flaggems.testing._inputs import short_name, values
 
 F32 = torch.float32
 
@@ -116,5 +116,7 @@ def _backward_error_cases():
         yield Case(name, lambda dev, d=dim, s=step: ((grad(dev), [5, 7], d, 3, s), {}), raises=exc, match=match)
 
 
-register_cases("unfold", list(itertools.chain(_unfold_cases(), _unfold_error_cases())))
-register_cases("unfold_backward", list(itertools.chain(_backward_cases(), _backward_error_cases())))
+CASES = {
+    "unfold": list(itertools.chain(_unfold_cases(), _unfold_error_cases())),
+    "unfold_backward": list(itertools.chain(_backward_cases(), _backward_error_cases())),
+}

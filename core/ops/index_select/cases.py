@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from .. import DEVICE_ASSERT, Case, register_cases
-from .._inputs import ALL_COPY_DTYPES, short_name, values
+from flaggems.testing import DEVICE_ASSERT, Case
+from flaggems.testing._inputs import ALL_COPY_DTYPES, short_name, values
 
 
 def _select(name, make_self, dim, index, index_dtype=torch.int64, **kw):  # kw: Case fields
@@ -56,4 +56,4 @@ def _cases():
                   raises=RuntimeError, match="index_select")
 
 
-register_cases("index_select", list(_cases()))
+CASES = {"index_select": list(_cases())}

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import torch
 
-from .. import Case, register_cases, register_float64_reference, register_gradient_terms
+from flaggems.testing import Case
 
 F32, F16, BF16, F64 = torch.float32, torch.float16, torch.bfloat16, torch.float64
 ULPS = {F32: 4, F16: 2, BF16: 2, F64: 4}
@@ -205,9 +205,6 @@ def gradient_terms_add(input: torch.Tensor, residual: torch.Tensor, weight: torc
     return {**terms, "input": summed, "residual": summed}
 
 
-register_float64_reference(RMS, exact)
-register_float64_reference(ADD, exact_add)
-register_gradient_terms(RMS, gradient_terms)
-register_gradient_terms(ADD, gradient_terms_add)
-register_cases(RMS, [*_shared(False), *_errors(False)])
-register_cases(ADD, [*_shared(True), *_errors(True), *_add_only()])
+CASES = {RMS: [*_shared(False), *_errors(False)], ADD: [*_shared(True), *_errors(True), *_add_only()]}
+FLOAT64_REFERENCES = {RMS: exact, ADD: exact_add}
+GRADIENT_TERMS = {RMS: gradient_terms, ADD: gradient_terms_add}

@@ -6,9 +6,9 @@ import itertools
 
 import torch
 
-from .. import Case, register_cases
-from .._inputs import ALL_COPY_DTYPES, nonneg_values, short_name, values
-from .._layouts import poison
+from flaggems.testing import Case
+from flaggems.testing._inputs import ALL_COPY_DTYPES, nonneg_values, short_name, values
+from flaggems.testing._layouts import poison
 
 CAST_PAIRS = [(torch.float32, torch.bfloat16), (torch.float32, torch.float16), (torch.bfloat16, torch.float32),
               (torch.float16, torch.float64), (torch.float64, torch.float32), (torch.int64, torch.float32),
@@ -102,4 +102,4 @@ def _error_cases():
     yield Case("error-partial-overlap", partial, raises=RuntimeError, match="refer to a single memory location")
 
 
-register_cases("copy_", list(itertools.chain(_same_dtype_cases(), _cast_cases(), _layout_cases(), _error_cases())))
+CASES = {"copy_": list(itertools.chain(_same_dtype_cases(), _cast_cases(), _layout_cases(), _error_cases()))}

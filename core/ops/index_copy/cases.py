@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from .. import DEVICE_ASSERT, Case, register_cases
-from .._inputs import ALL_COPY_DTYPES, short_name, values
+from flaggems.testing import DEVICE_ASSERT, Case
+from flaggems.testing._inputs import ALL_COPY_DTYPES, short_name, values
 
 
 def _perm_index(n: int, k: int, dev: torch.device) -> torch.Tensor:
@@ -85,6 +85,5 @@ def _errors():
                raises=RuntimeError, match="same slice shapes")
 
 
-CASES = list(_cases())
-register_cases("index_copy_", CASES)
-register_cases("index_copy", CASES)
+_ALL = list(_cases())
+CASES = {"index_copy_": _ALL, "index_copy": _ALL}

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from .. import Case, register_cases
-from .._inputs import short_name, values
+from flaggems.testing import Case
+from flaggems.testing._inputs import short_name, values
 
 CL = torch.channels_last
 
@@ -39,4 +39,4 @@ def _cases():
               raises=RuntimeError, match="channels_last")
 
 
-register_cases("_to_copy", list(_cases()))
+CASES = {"_to_copy": list(_cases())}

@@ -1,1 +1,0 @@
-"""Contract cases, one module per operator; each calls ``register_cases``."""
