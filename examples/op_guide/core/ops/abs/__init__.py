@@ -1,0 +1,1 @@
+"""The abs op family: ``aten::abs``."""

@@ -1,0 +1,1 @@
+"""The layer_scale op family: ``flaggems::layer_scale`` (a vision transformer's per-channel LayerScale)."""
