@@ -3,13 +3,14 @@
     python benchmarks/fuzz_fused.py [--op rms_norm] [--cases 10000] [--entry compiled --entry python]
                                     [--seed 0] [--start 0] [--json out.json] [--profile 25]
 
-Each case comes from the randomized kit's generator of the op
-(:mod:`flaggems.testing._generators_fused`: the layouts transformers and
-diffusers make, q/k cut from a fused qkv projection, ``chunk`` halves of a
+Each case comes from the randomized kit's generator of the op (its op
+family's ``generate.py``, drawing with :mod:`flaggems.testing._generators_fused`:
+the layouts transformers and diffusers make, q/k cut from a fused qkv projection, ``chunk`` halves of a
 merged gate/up projection, size-0 and size-1 dimensions, special values,
 inputs that require grad, calls the kernels decline); a share of the cases
 (``--large``) is drawn with wide rows (odd and large hidden and intermediate
-sizes up to 16,384; rotary: up to 2**20 elements). Each case runs:
+sizes up to 16,384; an element budget of 2**20 where the op's generator
+module has one: rotary, group_norm_silu). Each case runs:
 
 * flaggems (enabled, the entry under test), twice: the first call plans, the
   second replays; both compared;
@@ -48,11 +49,17 @@ from flaggems import compiled
 from flaggems.binding import native_scope
 from flaggems.testing import _generators_fused as fused
 
-OPS = tuple(name.split("::")[-1] for name in fused.FUSED_GENERATORS)
+#: The fused ops' generators (``flaggems::<op>``): every op family's (:meth:`flaggems.ops.OpSpec.generators`).
+GENERATORS = {op: gen for record in flaggems.ops.specs() for op, gen in record.generators().items()
+              if op.startswith("flaggems::")}
+OPS = tuple(name.split("::")[-1] for name in GENERATORS)
 #: Wide rows for the ``--large`` share: odd and large hidden sizes, as 1B-70B decoders make them.
 LARGE_HIDDEN = (1, 7, 896, 1000, 1536, 2048, 3000, 3584, 4095, 4096, 5120, 8191, 8192, 11008, 16384)
 #: The element budget of a wide case (the kit's own is 2,048, for the interpreter).
 LARGE_NUMEL = 1 << 20
+#: What the ``--large`` share widens in the module of the op's generator, where it has them (and the default
+#: budget of :func:`flaggems.testing._generators_fused.lead_shape`).
+LARGE_KNOBS = {"MAX_NUMEL": LARGE_NUMEL, "HIDDEN": LARGE_HIDDEN, "INTERMEDIATE": LARGE_HIDDEN}
 #: Units of rounding allowed beyond twice torch's own error (the kernels reduce in another order).
 SLACK_ULPS = 8
 INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
@@ -213,16 +220,21 @@ def _gradient_terms(op_name: str, args64: tuple, kwargs64: dict, oracle: Any, se
 def _draw(op: str, seed: int, dev: torch.device, large: bool) -> Any:
     rng = random.Random(seed)
     torch.manual_seed(seed)  # the generators draw values from torch's generator: a seed rebuilds its case
+    generate = GENERATORS[f"flaggems::{op}"]
     if not large:
-        return fused.FUSED_GENERATORS[f"flaggems::{op}"](rng, dev)
-    saved = fused.MAX_NUMEL, fused.HIDDEN, fused.INTERMEDIATE, fused.lead_shape.__defaults__
+        return generate(rng, dev)
+    module = sys.modules[generate.__module__]
+    saved = {name: getattr(module, name) for name in LARGE_KNOBS if hasattr(module, name)}
+    defaults = fused.lead_shape.__defaults__
     try:
-        fused.MAX_NUMEL = LARGE_NUMEL
+        for name in saved:
+            setattr(module, name, LARGE_KNOBS[name])
         fused.lead_shape.__defaults__ = (LARGE_NUMEL,)
-        fused.HIDDEN = fused.INTERMEDIATE = LARGE_HIDDEN
-        return fused.FUSED_GENERATORS[f"flaggems::{op}"](rng, dev)
+        return generate(rng, dev)
     finally:
-        fused.MAX_NUMEL, fused.HIDDEN, fused.INTERMEDIATE, fused.lead_shape.__defaults__ = saved
+        for name, value in saved.items():
+            setattr(module, name, value)
+        fused.lead_shape.__defaults__ = defaults
 
 
 def check_case(op_name: str, seed: int, dev: torch.device, large: bool) -> tuple[str, str | None]:

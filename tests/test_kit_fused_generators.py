@@ -1,4 +1,4 @@
-"""The randomized kit's generators of flaggems' fused ops (:mod:`flaggems.testing._generators_fused`).
+"""The randomized kit's generators of flaggems' fused ops (the ``flaggems::`` ops of the families' ``generate.py``).
 
 Generated cases only: the registered cases' relayouts run in ``test_conformance_random``. Each fused op
 gets :data:`CASES` generated cases through :func:`~flaggems.testing.random_cases.run_kit` (the
@@ -26,10 +26,11 @@ import torch
 from flaggems.binding import native_scope
 from flaggems.testing import Case
 from flaggems.testing import random_cases as kit
-from flaggems.testing._generators_fused import FUSED_GENERATORS
 from flaggems.testing._layouts import Built
 
 SEED = 0
+#: The fused ops' generators (``flaggems::<op>``), from the kit's table of every family's.
+FUSED_GENERATORS = {op: gen for op, gen in kit.GENERATORS.items() if op.startswith("flaggems::")}
 #: Generated cases per op (and implementation, and mode).
 CASES = 20
 

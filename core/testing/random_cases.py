@@ -11,7 +11,8 @@ Cases come from two sources, alternating by seed:
   built with a varied seed, each tensor argument re-laid out with the same values
   (:mod:`flaggems.testing._layouts`: strided/offset views into poisoned buffers,
   permuted storage orders, channels_last, negative views, stride-0 dimensions);
-* **generated** (the generic plugin's ops): :mod:`flaggems.testing._generators`.
+* **generated** (the ops whose family has random case generators): each op family's ``generate.py``
+  (:meth:`flaggems.ops.OpSpec.generators`; shared helpers in :mod:`flaggems.testing._generators`).
 
 Both draw only dtypes the active backend computes (:func:`flaggems.testing.unsupported_dtypes`, the
 backend's declared ``unsupported_dtypes``): a registered case naming another is not re-laid out, a generated
@@ -47,6 +48,7 @@ from typing import Any
 
 import torch
 
+from ..ops import specs
 from . import (
     DEVICE_ASSERT,
     NATIVE_CONTIGUOUS_ON_GPU,
@@ -58,22 +60,34 @@ from . import (
     device,
     unsupported_dtypes,
 )
-from ._generators import GENERATORS as ATEN_GENERATORS
-from ._generators_fused import FUSED_GENERATORS
+from ._generators import Gen
 from ._layouts import Built, relayout, twin, written_arguments
 
 #: Modes a case runs through: the implementation's function, then the dispatcher under each entry.
 MODES = ("direct", "compiled", "python")
 GENERATED = "generated"
 
-#: Every op's random case generator: the aten ops' and the fused ops' (which build on the former's helpers).
-GENERATORS = {**ATEN_GENERATORS, **FUSED_GENERATORS}
+
+def generators() -> dict[str, Callable[[random.Random, torch.device], Gen]]:
+    """Every op's random case generator: each op family's (:meth:`flaggems.ops.OpSpec.generators`), in the
+    families' report order (an op two families generate is an error)."""
+    found: dict[str, Callable[[random.Random, torch.device], Gen]] = {}
+    for record in specs():
+        for op, gen in record.generators().items():
+            if op in found:
+                raise ValueError(f"op family {record.name!r} generates {op!r}, which another family generates")
+            found[op] = gen
+    return found
+
+
+#: Every op's random case generator (:func:`generators`, built at import).
+GENERATORS = generators()
 
 #: Ops whose native kernel computes the expected values from contiguous copies, on every device. torch
 #: calls these kernels only from its composites, with contiguous (or matching channels_last) tensors, and
 #: its CPU kernels assume that: ``native_group_norm`` raises for a strided input and reads a strided weight
 #: or bias wrongly; ``native_group_norm_backward`` returns wrong gradients (or crashes) for any other
-#: layout, e.g. a channels_last input with a contiguous grad_out (see :mod:`flaggems.testing.cases.group_norm`).
+#: layout, e.g. a channels_last input with a contiguous grad_out (see :mod:`flaggems.ops.group_norm.cases.native`).
 #: flaggems' kernels read every layout in place, so their values are checked against the contiguous answer;
 #: through the dispatcher a call they decline reaches torch's kernel, so there only layouts it takes are
 #: sent where the implementation would decline (:func:`native_takes`).
