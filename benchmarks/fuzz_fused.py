@@ -49,7 +49,7 @@ from flaggems import compiled
 from flaggems.binding import native_scope
 from flaggems.testing import _generators_fused as fused
 
-#: The fused ops' generators (``flaggems::<op>``): every op family's (:meth:`flaggems.ops.OpSpec.generators`).
+#: The fused ops' generators (``flaggems::<op>``): every op family's (:meth:`flaggems.families.OpSpec.generators`).
 GENERATORS = {op: gen for record in flaggems.ops.specs() for op, gen in record.generators().items()
               if op.startswith("flaggems::")}
 OPS = tuple(name.split("::")[-1] for name in GENERATORS)

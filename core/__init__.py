@@ -197,10 +197,10 @@ def _on_import() -> None:
         log.configure()
     except ValueError:
         pass  # a bad FLAGGEMS_LOG must not break the import: enable() reports it (config.validate), once
-    from . import ops
+    from . import families
 
-    ops.define()  # flaggems' own operators exist whether or not flaggems is enabled (patched models call them)
-    ops.register_policies()  # before discovery: the plugins' tuning is checked against them
+    families.define()  # flaggems' own operators exist whether or not flaggems is enabled (patched models call them)
+    families.register_policies()  # before discovery: the plugins' tuning is checked against them
     _runtime().discover()
     _config.warn_unknown()  # after discovery: the plugins' own variables are declared by then
 

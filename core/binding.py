@@ -170,9 +170,9 @@ def namespace_of(op: str) -> tuple[str, str]:
 def _overload(op: str) -> torch._ops.OpOverload:
     namespace, qualified = namespace_of(op)
     if namespace == "flaggems":
-        from . import ops
+        from . import families
 
-        ops.define()
+        families.define()
     name, _, overload = qualified.partition(".")
     packet = getattr(getattr(torch.ops, namespace), name)
     return getattr(packet, overload or "default")

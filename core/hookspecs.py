@@ -23,12 +23,11 @@ Example (a whole vendor plugin)::
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import pluggy
 
-if TYPE_CHECKING:
-    from .bench.workload import Workload
+if TYPE_CHECKING:  # (the bench's Workload is named, not imported: the contract sits below the bench)
     from .config import EnvVar
     from .types import Backend, Case, OpImpl, PatchRule, Tuning
 
@@ -91,7 +90,7 @@ def flaggems_conformance_cases() -> Mapping[str, Sequence[Case]]:
 
 
 @hookspec
-def flaggems_bench_workloads() -> Sequence[Workload]:
+def flaggems_bench_workloads() -> Sequence[Any]:
     """Optional: :class:`flaggems.bench.workload.Workload` records that ``flaggems bench`` runs beside the core's.
 
     Each names the aten ops it routes (``routes``), so ``--op`` selects it and

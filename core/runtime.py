@@ -253,11 +253,11 @@ class Runtime:
         own (``flaggems/ops/<family>/patch.py``, named ``flaggems.ops.<family>``) first, then the plugins' (a
         vendor's only when its backend is active). A rule that does not resolve is left out with one warning
         naming its plugin (a :class:`PluginError` under ``FLAGGEMS_STRICT``)."""
-        from . import ops
+        from . import families
 
         active = self.active_backend()
         rules: list[tuple[str, PatchRule]] = []
-        offered = [(record.package, record.read("patch", "RULES", ())) for record in ops.specs()]
+        offered = [(record.package, record.read("patch", "RULES", ())) for record in families.specs()]
         offered += self.manager.call_each("flaggems_patch_rules", backend=active.backend)
         for plugin, result in offered:
             for rule in _as_records(result, PatchRule, plugin, "flaggems_patch_rules"):

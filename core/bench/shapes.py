@@ -1,6 +1,6 @@
 """Benchmark workloads: every op family's ``shapes`` part, then the plugins'.
 
-An op family (``flaggems/ops/<family>/``, see :class:`flaggems.ops.OpSpec`)
+An op family (``flaggems/ops/<family>/``, see :class:`flaggems.families.OpSpec`)
 declares its workloads in its ``shapes`` part (``shapes.py``, or a ``shapes/``
 package): ``WORKLOADS``, a tuple of :class:`~flaggems.bench.workload.Workload`.
 Each workload names its bench op (``Workload.op``: ``copy_``, ``rms_norm``...),
@@ -17,13 +17,13 @@ from .workload import Workload, normalize_dtype
 
 
 def all_workloads() -> list[Workload]:
-    """Every op family's workloads, in report order (:func:`flaggems.ops.specs`), then those of plugins
+    """Every op family's workloads, in report order (:func:`flaggems.families.specs`), then those of plugins
     (``flaggems_bench_workloads``)."""
-    from .. import ops
+    from .. import families
     from ..runtime import RUNTIME
 
     found: list[Workload] = []
-    for record in ops.specs():
+    for record in families.specs():
         found.extend(record.workloads())
     for plugin, result in RUNTIME.manager.call_each("flaggems_bench_workloads"):
         extra = [result] if isinstance(result, Workload) else list(result)

@@ -63,7 +63,7 @@ def _load_case_modules() -> None:
 def _load_family_cases() -> None:
     """What each op family's ``cases`` part declares (:mod:`flaggems.ops`, in report order): ``CASES`` (op ->
     cases), ``FLOAT64_REFERENCES`` and ``GRADIENT_TERMS`` (op -> function), each for ops of the family."""
-    from ..ops import specs
+    from ..families import specs
     from ..policy import normalize_op
 
     for record in specs():

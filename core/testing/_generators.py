@@ -1,7 +1,7 @@
 """Shared helpers of the randomized kit's random case generators: the :class:`Gen` record, shapes, dims, values.
 
 Each op family's generators live in its folder (``flaggems/ops/<family>/generate.py``, ``GENERATORS``:
-op -> generator; :meth:`flaggems.ops.OpSpec.generators`); the fused ops' shared helpers (layouts, argument
+op -> generator; :meth:`flaggems.families.OpSpec.generators`); the fused ops' shared helpers (layouts, argument
 spellings, gradients) are :mod:`flaggems.testing._generators_fused`.
 
 A generator is ``gen(rng, dev) -> Gen``: every decision (shapes, dtypes, dims,

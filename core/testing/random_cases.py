@@ -12,7 +12,7 @@ Cases come from two sources, alternating by seed:
   (:mod:`flaggems.testing._layouts`: strided/offset views into poisoned buffers,
   permuted storage orders, channels_last, negative views, stride-0 dimensions);
 * **generated** (the ops whose family has random case generators): each op family's ``generate.py``
-  (:meth:`flaggems.ops.OpSpec.generators`; shared helpers in :mod:`flaggems.testing._generators`).
+  (:meth:`flaggems.families.OpSpec.generators`; shared helpers in :mod:`flaggems.testing._generators`).
 
 Both draw only dtypes the active backend computes (:func:`flaggems.testing.unsupported_dtypes`, the
 backend's declared ``unsupported_dtypes``): a registered case naming another is not re-laid out, a generated
@@ -48,7 +48,7 @@ from typing import Any
 
 import torch
 
-from ..ops import specs
+from ..families import specs
 from . import (
     DEVICE_ASSERT,
     NATIVE_CONTIGUOUS_ON_GPU,
@@ -60,6 +60,7 @@ from . import (
     device,
     unsupported_dtypes,
 )
+from ._cpu_safety import cpu_safe_kwargs, torch_cpu_overruns  # noqa: F401 - torch_cpu_overruns re-exported
 from ._generators import Gen
 from ._layouts import Built, relayout, twin, written_arguments
 
@@ -69,7 +70,7 @@ GENERATED = "generated"
 
 
 def generators() -> dict[str, Callable[[random.Random, torch.device], Gen]]:
-    """Every op's random case generator: each op family's (:meth:`flaggems.ops.OpSpec.generators`), in the
+    """Every op's random case generator: each op family's (:meth:`flaggems.families.OpSpec.generators`), in the
     families' report order (an op two families generate is an error)."""
     found: dict[str, Callable[[random.Random, torch.device], Gen]] = {}
     for record in specs():
@@ -392,49 +393,6 @@ def _cpu_error(op: str, args: tuple, kwargs: dict) -> Outcome | None:
         except Exception as exc:  # noqa: BLE001
             return Outcome(error=exc)
     return None
-
-
-#: ``repeat_interleave`` overloads taking a tensor of repeats, and its position (``output_size`` is keyword-only).
-_REPEATS_AT = {"repeat_interleave.Tensor": 0, "repeat_interleave.self_Tensor": 1}
-
-
-def torch_cpu_overruns(op: str, args: tuple, kwargs: dict) -> bool:
-    """Whether torch's CPU kernel may write outside its output for these arguments (heap corruption).
-
-    ``aten::repeat_interleave`` with ``output_size`` (ATen ``Repeat.cpp``, ``compute_cpu``): torch compares
-    ``output_size`` with the running sum's last element, allocates that many elements, then checks each
-    ``repeats[i] >= 0`` only inside its ``at::parallel_for``, row by row, each row writing
-    ``[cumsum[i] - repeats[i], cumsum[i])``. With a negative repeat and an ``output_size`` equal to the sum,
-    the rows before it, and on other threads the rows after it, write before the output's start or past its
-    end before the negative row raises: ``[-1, 2]`` with ``output_size=1`` writes element -1, which glibc
-    reports as ``free(): invalid pointer`` / ``invalid next size (fast)`` (the kit's generated
-    ``negative/right`` cases; on a GPU host through :func:`_cpu_error`'s CPU copies). Values are read
-    resolved (a negative-bit view is resolved before torch's kernel).
-    """
-    at = _REPEATS_AT.get(op)
-    if at is None or kwargs.get("output_size") is None:
-        return False
-    repeats = args[at] if len(args) > at else kwargs.get("repeats")
-    if not isinstance(repeats, torch.Tensor) or repeats.dtype not in (torch.int32, torch.int64) or not repeats.numel():
-        return False
-    from ..binding import native_scope
-
-    with native_scope():
-        return bool((repeats < 0).any())
-
-
-def cpu_safe_kwargs(op: str, args: tuple, kwargs: dict) -> dict:
-    """``kwargs`` for a call of torch's CPU kernel that raises torch's error instead of overrunning its output.
-
-    For :func:`torch_cpu_overruns` arguments, without ``output_size``: torch then checks the repeats for a
-    negative one before it allocates or writes anything, and raises its RuntimeError ("repeats can not be
-    negative"); every check before (dimensions, sizes, dtypes) is torch's own, as before. With a wrong
-    ``output_size`` torch would have said "allocated size does not match required size": also a
-    RuntimeError, the one thing the kit compares.
-    """
-    if not torch_cpu_overruns(op, args, kwargs):
-        return kwargs
-    return {k: v for k, v in kwargs.items() if k != "output_size"}
 
 
 # -- implementation side ----------------------------------------------------------------------------------------

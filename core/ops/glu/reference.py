@@ -7,7 +7,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F  # noqa: N812 - torch's own spelling
 
-from .._spec import Defined
+from flaggems.families import Defined
 
 
 def silu_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import torch
 
-from .._spec import Defined
+from flaggems.families import Defined
 
 
 def rms_norm(input: torch.Tensor, weight: torch.Tensor | None, eps: float, weight_offset: float = 0.0,

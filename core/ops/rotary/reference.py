@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from .._spec import Defined
+from flaggems.families import Defined
 
 
 def rotate(x: torch.Tensor, interleaved: bool) -> torch.Tensor:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from .._spec import Defined
+from flaggems.families import Defined
 
 
 def layer_scale(x: torch.Tensor, gamma: torch.Tensor) -> torch.Tensor:

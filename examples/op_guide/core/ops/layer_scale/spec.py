@@ -1,8 +1,8 @@
-"""The layer_scale family's record (:class:`flaggems.ops.OpSpec`)."""
+"""The layer_scale family's record (:class:`flaggems.families.OpSpec`)."""
 
 from __future__ import annotations
 
-from .._spec import OpSpec
+from flaggems.families import OpSpec
 
 SPEC = OpSpec(
     name="layer_scale",
