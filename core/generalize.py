@@ -420,8 +420,11 @@ def generalize(points: Sequence[tuple[tuple[int, ...], Any]]) -> plans.GenericPl
         found.derive(_leaves(template))
         steady: dict[tuple[plans.Sym, int], None] = {}
         plan = _resolve(template, found, steady)
-        return plans.GenericPlan("generic", plan, found.pinned, found.ratios, tuple(steady),
-                                 tuple(sorted(found.aligned.items())), tuple(found.agree))
+        return plans.GenericPlan("generic", plan, tuple(plans.Pin(*p) for p in found.pinned),
+                                 tuple(plans.Ratio(*r) for r in found.ratios),
+                                 tuple(plans.Steady(*s) for s in steady),
+                                 tuple(plans.Aligned(*a) for a in sorted(found.aligned.items())),
+                                 tuple(plans.Agree(*pair) for pair in found.agree))
     except _Mismatch:
         return None
 

@@ -13,7 +13,8 @@ result) while watching what it does:
 
 and answers one of:
 
-The records are :mod:`flaggems.toolkit.plans`' (named tuples, read by position in C++):
+The records are :mod:`flaggems.toolkit.plans`' (named tuples; C++ reads their fields where
+:func:`~flaggems.toolkit.plans.field_layout` says):
 
 * ``("replay", allocations, steps, returns[, pinned, stream])``: the call was
   served by launches over its inputs and fresh allocations only, or also over
@@ -160,24 +161,24 @@ def build_planner(chain: Sequence[Any], native: Callable[..., Any], goes_native:
     """
     points = generalize.Points()
 
-    def planner(args: tuple, kwargs: dict, inputs: tuple, layout: Sequence[int] | None = None) -> tuple[Any, ...]:
+    def planner(args: tuple, kwargs: dict, inputs: tuple, layout: Sequence[int] | None = None) -> plans.Answer:
         if goes_native(args):
-            return native(*args, **kwargs), NATIVE_PLAN
+            return plans.Answer(native(*args, **kwargs), NATIVE_PLAN)
         with rec_mod.recording(inputs) as recording, _Watch(recording), autograd.planning() as planned:
             result, served = walk(chain, args, kwargs, op)
         if served is not None:
             if not served.replayable:
-                return result, PYTHON_PLAN
+                return plans.Answer(result, PYTHON_PLAN)
             if planned.notes:
                 plan = autograd_spec(recording, planned.notes, result)
-                return result, plan, points.add(layout, inputs, plan)
+                return plans.Answer(result, plan, points.add(layout, inputs, plan))
             plan = replay_spec(recording, result, graph_free=autograd_key)
-            return result, plan, points.add(layout, inputs, plan)
+            return plans.Answer(result, plan, points.add(layout, inputs, plan))
         if recording.steps:
-            return native(*args, **kwargs), None  # a link launched, then declined: do not trust this key
+            return plans.Answer(native(*args, **kwargs), None)  # a link launched, then declined: do not trust this key
         if recording.taint is None and all(link.replayable for link in chain):
-            return native(*args, **kwargs), NATIVE_PLAN
-        return native(*args, **kwargs), PYTHON_PLAN
+            return plans.Answer(native(*args, **kwargs), NATIVE_PLAN)
+        return plans.Answer(native(*args, **kwargs), PYTHON_PLAN)
 
     return planner
 
@@ -211,17 +212,23 @@ def autograd_spec(recording: rec_mod.Recording, notes: Sequence[autograd.Note], 
     for tensor in note.saved:
         index = _input_index(recording, tensor)
         if index is not None:
-            saved.append((rec_mod.INPUT, index))
+            saved.append(plans.Saved(rec_mod.INPUT, index))
             continue
         found = [j for j, r in enumerate(note.results) if r is tensor]
         if not found:
             return PYTHON_PLAN  # a tensor neither input nor result: the replay cannot rebuild it
-        saved.append((rec_mod.ALLOCATION, found[0]))
+        saved.append(plans.Saved(rec_mod.ALLOCATION, found[0]))
     derivative = note.derivative
     entry, planner = backward_entry(derivative)
     backward = plans.Backward(derivative.name, f"{derivative.name}{derivative.schema}", entry, planner)
-    return plans.AutogradPlan("autograd", forward, note.outputs, tuple(slots), tuple(saved), backward, note.args,
-                              derivative.double_backward, note.extra)
+    return plans.AutogradPlan("autograd", forward, note.outputs, tuple(slots), tuple(saved), backward,
+                              _backward_args(note.args), derivative.double_backward, _backward_args(note.extra))
+
+
+def _backward_args(template: tuple[tuple, ...]) -> tuple[plans.BackwardArg, ...]:
+    """:func:`flaggems.autograd.apply`'s argument templates (plain ``(kind[, value])`` tuples, as its Python node
+    reads them) as the plan's records."""
+    return tuple(plans.BackwardArg(*item) for item in template)
 
 
 class _BackwardLink:

@@ -251,6 +251,10 @@ def _load() -> tuple[ModuleType | None, str]:
         reason = failure_reason(exc)
         log.logger("plugins").warning("flaggems: compiled entry unavailable (%s); using the Python entry", reason)
         return None, reason
+    from ..toolkit import plans
+
+    # Before any registry parses a plan: the entry reads the records' fields where Python defines them.
+    module.set_layout(plans.field_layout(), plans.TAGS)
     available, driver = module.driver()
     launches = "CUDA launches through " + driver if available else f"no CUDA driver ({driver})"
     return module, f"built against torch {_torch_version()}; {launches}"

@@ -18,7 +18,9 @@
 //
 // One translation unit in parts: each entry_<part>.inc below is a section of
 // it, included in order inside the anonymous namespace (not a standalone
-// header); the module's Python bindings are here at the end.
+// header); the module's Python bindings are here at the end. The plan records
+// are Python's (flaggems/toolkit/plans.py): their fields are read where the
+// layout Python hands over says (entry_layout.inc), never at fixed positions.
 
 #include <torch/extension.h>
 #include <torch/library.h>
@@ -61,11 +63,13 @@ namespace {
 
 #include "entry_driver.inc"  // CUDA driver
 #include "entry_plans.inc"  // plans
+#include "entry_layout.inc"  // the plan layout (the records' fields, from Python)
 #include "entry_keys.inc"  // keys
 #include "entry_state.inc"  // per-op state
 #include "entry_replay.inc"  // replay
 #include "entry_specs.inc"  // plan specs from Python
 #include "entry_generic.inc"  // plans generic over sizes
+#include "entry_describe.inc"  // plans described (debugging, tests)
 #include "entry_kernel.inc"  // the kernel
 #include "entry_slots.inc"  // slots
 #include "entry_typed.inc"  // typed entries
@@ -91,6 +95,14 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("native_enter", [] { ++native_depth; });
   m.def("native_exit", [] { --native_depth; });
   m.def("driver", [] { return py::make_tuple(driver().launch != nullptr, driver().reason); });
+  m.def("set_layout", &set_layout, py::arg("fields"), py::arg("tags"),
+        "Where the plan records' fields are ({record: {field: index}}) and their tags ({name: tag}): "
+        "flaggems.toolkit.plans.field_layout() and TAGS. Raises naming a record, field or tag the entry reads "
+        "and the layout lacks (the layout in force is then kept).");
+  m.def("layout", &layout_given, "The layout in force, as set_layout took it: (fields, tags).");
+  m.def("describe_plan", &describe_plan, py::arg("record"), py::arg("atoms") = py::none(), py::arg("routed") = true,
+        "A plan record parsed as a miss parses it, described instead of stored (nothing is launched); a generic "
+        "plan with the template's patches and guards, and its instance for ``atoms`` (None: a guard fails).");
   m.def("call_atoms", [](const std::vector<at::Tensor>& inputs) {
     std::vector<int64_t> atoms;
     call_atoms(refs_of(inputs), atoms);
