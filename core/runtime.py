@@ -155,25 +155,31 @@ class Runtime:
         """Backends declared by the loaded plugins (two with one name are an error naming both plugins)."""
         found: list[Backend] = []
         self._backend_owner = {}
-        for plugin, result in self.manager.call_each("flaggems_backends"):
+        for plugin, backend in self._records("flaggems_backends", Backend):
+            if backend.name in self._backend_owner or backend.name in BUILTIN_NAMES:
+                first = self._backend_owner.get(backend.name)
+                first_text = self._who(first) if first else "flaggems-core (built in)"
+                raise PluginError(f"backend {backend.name!r} is declared twice: by {first_text} "
+                                  f"and by {self._who(plugin)}; uninstall one of them")
+            bad = [name for name in backend.unsupported_dtypes if not _is_dtype_name(name)]
+            if bad:
+                raise PluginError(f"backend {backend.name!r} of {self._who(plugin)}: unsupported_dtypes "
+                                  f"names {', '.join(map(repr, bad))}, not torch dtypes (e.g. 'float64')")
+            self._backend_owner[backend.name] = plugin
+            found.append(backend)
+        return found
+
+    def _records(self, hook: str, kind: type, **kwargs: Any) -> Iterator[tuple[str, Any]]:
+        """``(plugin, record)`` for each ``kind`` record the plugins' ``hook`` returns (``kwargs``: the hook's
+        arguments); the records of a plugin whose answer holds anything else are skipped with a warning."""
+        for plugin, result in self.manager.call_each(hook, **kwargs):
             try:
-                records = _as_records(result, Backend, plugin, "flaggems_backends")
+                records = _as_records(result, kind, plugin, hook)
             except TypeError as exc:
                 userwarn.warn(f"flaggems: {exc}")
                 continue
-            for backend in records:
-                if backend.name in self._backend_owner or backend.name in BUILTIN_NAMES:
-                    first = self._backend_owner.get(backend.name)
-                    first_text = self._who(first) if first else "flaggems-core (built in)"
-                    raise PluginError(f"backend {backend.name!r} is declared twice: by {first_text} "
-                                      f"and by {self._who(plugin)}; uninstall one of them")
-                bad = [name for name in backend.unsupported_dtypes if not _is_dtype_name(name)]
-                if bad:
-                    raise PluginError(f"backend {backend.name!r} of {self._who(plugin)}: unsupported_dtypes "
-                                      f"names {', '.join(map(repr, bad))}, not torch dtypes (e.g. 'float64')")
-                self._backend_owner[backend.name] = plugin
-                found.append(backend)
-        return found
+            for record in records:
+                yield plugin, record
 
     def _who(self, plugin: str) -> str:
         """``plugin 'x' (distribution d v)`` for messages."""
@@ -231,21 +237,15 @@ class Runtime:
         active = self.active_backend().backend
         impls: list[tuple[str, OpImpl]] = []
         vendor_plugins = set(self._backend_owner.values())
-        for plugin, result in self.manager.call_each("flaggems_operators", backend=active):
-            try:
-                records = _as_records(result, OpImpl, plugin, "flaggems_operators")
-            except TypeError as exc:
-                userwarn.warn(f"flaggems: {exc}")
+        for plugin, impl in self._records("flaggems_operators", OpImpl, backend=active):
+            if plugin in vendor_plugins and impl.vendor is None:
+                message = (f"flaggems: {self._who(plugin)} declares a backend, so its {impl.op} "
+                           f"implementation must name its vendor (OpImpl(..., vendor=...)); it is ignored")
+                if config.get("FLAGGEMS_STRICT"):
+                    raise PluginError(message)
+                userwarn.warn(message)
                 continue
-            for impl in records:
-                if plugin in vendor_plugins and impl.vendor is None:
-                    message = (f"flaggems: {self._who(plugin)} declares a backend, so its {impl.op} "
-                               f"implementation must name its vendor (OpImpl(..., vendor=...)); it is ignored")
-                    if config.get("FLAGGEMS_STRICT"):
-                        raise PluginError(message)
-                    userwarn.warn(message)
-                    continue
-                impls.append((plugin, impl))
+            impls.append((plugin, impl))
         return impls
 
     def patch_rules(self) -> list[tuple[str, PatchRule]]:

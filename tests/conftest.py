@@ -12,6 +12,8 @@ import logging
 import os
 import subprocess
 import sys
+import threading
+from collections.abc import Callable
 
 import pytest
 
@@ -95,6 +97,32 @@ def runtime(monkeypatch):
     flaggems.backend()
 
 
+def install_acme(runtime, monkeypatch, **backend_changes):
+    """The vendor guide's plugin (examples/acme_gems) registered beside the generic one and selected
+    (``FLAGGEMS_VENDOR=acme``), for a fixture to ``yield from``; forgotten after. ``backend_changes``: fields of
+    its backend record replaced (the plugin's operators, cases, tuning and variables are the example's own)."""
+    import dataclasses
+    from pathlib import Path
+
+    from flaggems import config, testing
+
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[1] / "examples" / "acme_gems" / "src"))
+    import acme_gems
+
+    import flaggems.plugins.generic as generic
+
+    if backend_changes:
+        monkeypatch.setattr(acme_gems, "ACME", dataclasses.replace(acme_gems.ACME, **backend_changes))
+    runtime.manager.register(generic, "generic")
+    runtime.manager.register(acme_gems, "acme")
+    runtime.declare_env_vars()
+    monkeypatch.setenv("FLAGGEMS_VENDOR", "acme")
+    monkeypatch.setattr(testing, "_LOADED", False)  # the kit reads the plugin's cases anew
+    yield runtime
+    config.REGISTRY.pop("FLAGGEMS_ACME_NEG_BLOCK", None)
+    sys.modules.pop("acme_gems", None)
+
+
 @pytest.fixture
 def dispatch_log(monkeypatch, caplog):
     """Enable flaggems with the dispatch and fallback channels recorded."""
@@ -110,6 +138,35 @@ def dispatch_log(monkeypatch, caplog):
 def ran(caplog) -> set[str]:
     """Dispatch/fallback messages recorded (the interpreter's re-entered internal copies left out)."""
     return {r.getMessage() for r in caplog.records if "re-entered" not in r.getMessage()}
+
+
+def in_threads(work: Callable[[int], None], count: int) -> None:
+    """Run ``work(0)`` to ``work(count - 1)`` each in a thread of its own, all started at once; return when every
+    one has finished."""
+    threads = [threading.Thread(target=work, args=(index,)) for index in range(count)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+
+
+#: The head of a :func:`run_compiled` script: ``sm90_ptx(fn, constexprs, dtype, pointers)``, the PTX of the Triton
+#: kernel ``fn`` built for an H100/H200 target (4 warps), its arguments named in ``pointers`` pointers to ``dtype``
+#: aligned to 16 bytes, the others of their annotated type (``i64`` where none).
+SM90_PTX = """
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+
+
+def sm90_ptx(fn, constexprs, dtype, pointers):
+    types = {n: "*" + dtype for n in pointers}
+    sig = {p.name: "constexpr" if p.name in constexprs else types.get(p.name, p.annotation_type or "i64")
+           for p in fn.params}
+    attrs = {(i,): [["tt.divisibility", 16]] for i, p in enumerate(fn.params) if sig[p.name][0] == "*"}
+    src = ASTSource(fn, signature=sig, constexprs=constexprs, attrs=attrs)
+    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4}).asm["ptx"]
+"""
 
 
 def run_compiled(script: str) -> None:

@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-import threading
-
 import pytest
 import torch
+from conftest import in_threads
 
 import flaggems
 from flaggems_fakes import kernels
@@ -148,7 +147,7 @@ def test_enable_disable_thread_safe(runtime, calls):
     runtime.manager.register(GenericNeg(), "fake-generic")
     errors = []
 
-    def flip():
+    def flip(_thread: int) -> None:
         try:
             for _ in range(20):
                 flaggems.enable()
@@ -156,11 +155,7 @@ def test_enable_disable_thread_safe(runtime, calls):
         except Exception as exc:  # pragma: no cover - the failure we test for
             errors.append(exc)
 
-    threads = [threading.Thread(target=flip) for _ in range(4)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
+    in_threads(flip, 4)
     assert not errors
     assert not flaggems.is_enabled()
     calls.clear()

@@ -15,13 +15,18 @@ def chain_of(op: str) -> list[str]:
     return row["chain"]
 
 
-@pytest.fixture
-def acme(runtime, monkeypatch):
+def with_vendor(runtime, monkeypatch, vendor, name: str):
+    """The fake generic plugin and ``vendor`` (registered as ``name``) installed, the vendor's backend selected."""
     runtime.manager.register(GenericNeg(), "fake-generic")
-    runtime.manager.register(AcmeVendor(), "acme")
-    monkeypatch.setenv("FLAGGEMS_VENDOR", "acme")
+    runtime.manager.register(vendor, name)
+    monkeypatch.setenv("FLAGGEMS_VENDOR", name)
     runtime._active = None
     return runtime
+
+
+@pytest.fixture
+def acme(runtime, monkeypatch):
+    return with_vendor(runtime, monkeypatch, AcmeVendor(), "acme")
 
 
 def test_normalize_op():
@@ -180,11 +185,7 @@ def test_overrides_naming_an_unknown_op_warn_with_the_closest_names(runtime, mon
 def limited(runtime, monkeypatch):
     from flaggems_fakes.plugins import LimitedVendor
 
-    runtime.manager.register(GenericNeg(), "fake-generic")
-    runtime.manager.register(LimitedVendor(), "limited")
-    monkeypatch.setenv("FLAGGEMS_VENDOR", "limited")
-    runtime._active = None
-    return runtime
+    return with_vendor(runtime, monkeypatch, LimitedVendor(), "limited")
 
 
 def test_a_backends_unsupported_dtype_goes_native_on_every_link(limited):

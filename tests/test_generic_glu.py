@@ -14,7 +14,7 @@ import textwrap
 
 import pytest
 import torch
-from conftest import ran, run_compiled
+from conftest import SM90_PTX, ran, run_compiled
 
 import flaggems
 from flaggems import autograd, ops, testing
@@ -448,19 +448,11 @@ def test_bench_smoke_workload_matches_torch(backward, merged):
 def test_kernels_compile_for_sm90():
     """The interpreter never compiles: build the variants for an H100/H200 target; loads and stores vectorise."""
     pytest.importorskip("triton.backends.nvidia.compiler")
-    script = textwrap.dedent("""
-        import triton
-        from triton.backends.compiler import GPUTarget
-        from triton.compiler import ASTSource
+    script = SM90_PTX + textwrap.dedent("""
         from flaggems.plugins.generic import glu as k
 
         def build(fn, constexprs, dtype):
-            pointers = {n: "*" + dtype for n in ("gate", "up", "out", "dy", "dgate", "dup")}
-            sig = {p.name: "constexpr" if p.name in constexprs else pointers.get(p.name, p.annotation_type or "i64")
-                   for p in fn.params}
-            attrs = {(i,): [["tt.divisibility", 16]] for i, p in enumerate(fn.params) if sig[p.name][0] == "*"}
-            src = ASTSource(fn, signature=sig, constexprs=constexprs, attrs=attrs)
-            return triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4}).asm["ptx"]
+            return sm90_ptx(fn, constexprs, dtype, ("gate", "up", "out", "dy", "dgate", "dup"))
 
         for dtype in ("bf16", "fp16", "fp32"):
             for act in (0, 1, 2):

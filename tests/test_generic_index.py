@@ -382,10 +382,11 @@ def test_scan_reads_strided_repeats(dtype, unchecked, small_tiles):
                        values.cpu()[expected.long()])
 
 
-def test_scan_state_is_zeroed_when_the_expand_fails(unchecked, small_tiles, monkeypatch):
-    """An expand that raises after the scan ran (a compile error, say) must not leave status words set."""
+def _fail_the_expand(small_tiles, monkeypatch, sized: bool) -> None:
+    """``repeat_interleave(repeats)`` (``sized``: given its ``output_size``) whose expand raises after the scan
+    ran (a compile error, say): no status word stays set, and the next call is served."""
     repeats = torch.tensor([3, 0, 4, 2, 5, 1, 1, 7, 2], device=DEV)
-    total = int(repeats.sum())
+    size = {"output_size": int(repeats.sum())} if sized else {}
 
     def failing_launcher(gather, table, dependent):
         def launch(*args):
@@ -395,10 +396,14 @@ def test_scan_state_is_zeroed_when_the_expand_fails(unchecked, small_tiles, monk
     with monkeypatch.context() as patch:
         patch.setattr(small_tiles, "expand", failing_launcher)
         with pytest.raises(RuntimeError, match="expand failed"):
-            torch.repeat_interleave(repeats, output_size=total)
+            torch.repeat_interleave(repeats, **size)
     assert not bool(zeroed_scratch(repeats, 1).any())
-    assert torch.equal(torch.repeat_interleave(repeats, output_size=total).cpu(),
-                       native_repeat_interleave(repeats.cpu()))
+    assert torch.equal(torch.repeat_interleave(repeats, **size).cpu(), native_repeat_interleave(repeats.cpu()))
+
+
+def test_scan_state_is_zeroed_when_the_expand_fails(unchecked, small_tiles, monkeypatch):
+    """An expand that raises after the scan ran (a compile error, say) must not leave status words set."""
+    _fail_the_expand(small_tiles, monkeypatch, sized=True)
 
 
 @pytest.mark.parametrize("known_size", [True, False], ids=["output_size", "dynamic"])
@@ -483,19 +488,7 @@ def test_dynamic_size_scan_summary(rows, unchecked, small_tiles):
 
 def test_dynamic_size_scan_state_is_zeroed_when_the_expand_fails(unchecked, small_tiles, monkeypatch):
     """Without output_size: an expand that raises after the scan and the sync must not leave status set."""
-    repeats = torch.tensor([3, 0, 4, 2, 5, 1, 1, 7, 2], device=DEV)
-
-    def failing_launcher(gather, table, dependent):
-        def launch(*args):
-            raise RuntimeError("expand failed")
-        return launch
-
-    with monkeypatch.context() as patch:
-        patch.setattr(small_tiles, "expand", failing_launcher)
-        with pytest.raises(RuntimeError, match="expand failed"):
-            torch.repeat_interleave(repeats)
-    assert not bool(zeroed_scratch(repeats, 1).any())
-    assert torch.equal(torch.repeat_interleave(repeats).cpu(), native_repeat_interleave(repeats.cpu()))
+    _fail_the_expand(small_tiles, monkeypatch, sized=False)
 
 
 @pytest.mark.parametrize("size_error", [-5, 7])

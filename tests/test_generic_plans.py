@@ -7,10 +7,9 @@ again. Each test compares every result with torch's and reads the plan counters.
 
 from __future__ import annotations
 
-import threading
-
 import pytest
 import torch
+from conftest import in_threads
 
 import flaggems
 from flaggems import generalize
@@ -155,11 +154,7 @@ def test_threads_served_by_generic_plans_get_their_own_sizes():
         except Exception as exc:  # noqa: BLE001 - any error in a thread fails the test below
             errors.append(exc)
 
-    threads = [threading.Thread(target=work, args=(seed,)) for seed in range(4)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    in_threads(work, 4)
     assert not errors and _stats("copy_")["generic"] > 0
 
 

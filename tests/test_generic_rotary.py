@@ -14,7 +14,7 @@ import textwrap
 
 import pytest
 import torch
-from conftest import ran, run_compiled
+from conftest import SM90_PTX, ran, run_compiled
 
 import flaggems
 from flaggems import autograd, ops, testing
@@ -462,20 +462,11 @@ def test_bench_smoke_workload_matches_torch(backward):
 def test_kernels_compile_for_sm90():
     """The interpreter never compiles: build the variants for an H100/H200 target; loads and stores vectorise."""
     pytest.importorskip("triton.backends.nvidia.compiler")
-    script = textwrap.dedent("""
-        import triton
-        from triton.backends.compiler import GPUTarget
-        from triton.compiler import ASTSource
+    script = SM90_PTX + textwrap.dedent("""
         from flaggems.plugins.generic import rotary as rk
 
         def build(constexprs, dtype):
-            pointers = {n: "*" + dtype for n in ("x0", "o0", "x1", "o1", "cos", "sin")}
-            fn = rk._rotary_kernel
-            sig = {p.name: "constexpr" if p.name in constexprs else pointers.get(p.name, p.annotation_type or "i64")
-                   for p in fn.params}
-            attrs = {(i,): [["tt.divisibility", 16]] for i, p in enumerate(fn.params) if sig[p.name][0] == "*"}
-            src = ASTSource(fn, signature=sig, constexprs=constexprs, attrs=attrs)
-            return triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4}).asm["ptx"]
+            return sm90_ptx(rk._rotary_kernel, constexprs, dtype, ("x0", "o0", "x1", "o1", "cos", "sin"))
 
         for dtype in ("bf16", "fp16", "fp32"):
             for half, half_p2 in ((32, 32), (40, 64), (64, 64)):

@@ -115,16 +115,22 @@ def _run_cli(capsys, *argv: str) -> str:
     return out
 
 
+def _check_kit_and_bench(capsys, op: str, name: str) -> None:
+    """The new op's contract (:func:`_check_contract`), 12 random cases of the CLI's kit and its smoke bench
+    (``name``: the bench's workload)."""
+    _check_contract(op)
+    out = _run_cli(capsys, "kit", "--op", op, "--cases", "12")
+    assert "0 failed" in out and f"{op} [generic]" in out
+    assert name in _run_cli(capsys, "bench", "--smoke", "--op", name)
+
+
 def test_a_new_fused_op_is_one_folder_one_kernel_file_and_one_line(added, capsys):
     op = added("layer_scale")
     x, gamma = torch.randn(2, 5, 16), torch.rand(16) + 0.5
     torch.testing.assert_close(torch.ops.flaggems.layer_scale(x, gamma), x * gamma)  # defined: its reference
     assert "layer_scale" in {record.name for record in ops.specs()}
     assert re.search(r"^flaggems::layer_scale: generic", _run_cli(capsys, "routes"), re.M)
-    _check_contract(op)
-    out = _run_cli(capsys, "kit", "--op", op, "--cases", "12")
-    assert "0 failed" in out and f"{op} [generic]" in out
-    assert "layer_scale" in _run_cli(capsys, "bench", "--smoke", "--op", "layer_scale")
+    _check_kit_and_bench(capsys, op, "layer_scale")
     flaggems.enable(include=[op])
     try:
         torch.testing.assert_close(torch.ops.flaggems.layer_scale(x, gamma), x * gamma)
@@ -159,10 +165,7 @@ def test_the_fused_ops_patch_rule_patches_dinov2_with_torchs_results(added):
 def test_a_new_aten_op_is_one_folder_one_kernel_file_and_one_line(added, capsys):
     op = added("abs")
     assert re.search(r"^abs: generic", _run_cli(capsys, "routes"), re.M)
-    _check_contract(op)
-    out = _run_cli(capsys, "kit", "--op", op, "--cases", "12")
-    assert "0 failed" in out and f"{op} [generic]" in out
-    assert "abs" in _run_cli(capsys, "bench", "--smoke", "--op", "abs")
+    _check_kit_and_bench(capsys, op, "abs")
     flaggems.enable(include=[op])
     try:
         x = torch.tensor([[-1.5, 0.0, 2.0], [-0.0, float("inf"), -3.0]])

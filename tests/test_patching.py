@@ -39,14 +39,37 @@ def forward_attrs(model: nn.Module) -> int:
     return sum("forward" in module.__dict__ for module in model.modules())
 
 
-@pytest.mark.parametrize("family", FAMILIES)
-def test_patch_reports_every_fused_kind_and_keeps_results_and_state(family):
-    model, prompt = tiny(family), ids()
+def patched_between_runs(model: nn.Module, prompt: torch.Tensor) -> tuple:
+    """``(report, want, got, state)``: ``flaggems.patch(model)``'s report, the logits of ``prompt`` before and
+    after it (flaggems disabled: the patched model runs the operators' torch references), the state before."""
     state = {k: v.clone() for k, v in model.state_dict().items()}
     with torch.no_grad():
         want = model(prompt).logits
         report = flaggems.patch(model)
-        got = model(prompt).logits  # flaggems disabled: the operators' torch references
+        got = model(prompt).logits
+    return report, want, got, state
+
+
+def routed_after_patch(model: nn.Module, prompt: torch.Tensor, ops: tuple[str, ...], runs: int = 1) -> tuple:
+    """``(want, got, declined, before, stats)``: the logits of ``prompt`` (flaggems disabled), then those of
+    ``runs`` runs of the patched model with flaggems enabled, the declines of ``ops`` there and the compiled
+    entry's plan counters before and after those runs; unpatched after."""
+    with torch.no_grad():
+        want = model(prompt).logits
+        flaggems.patch(model)
+        before = flaggems.runtime.RUNTIME.plan_stats()
+        with flaggems.enabled():
+            got = [model(prompt).logits for _ in range(runs)]
+            declined = {op: flaggems.routes(op)[0]["declined"] for op in ops}
+            stats = flaggems.runtime.RUNTIME.plan_stats()
+    flaggems.unpatch(model)
+    return want, got, declined, before, stats
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_patch_reports_every_fused_kind_and_keeps_results_and_state(family):
+    model, prompt = tiny(family), ids()
+    report, want, got, state = patched_between_runs(model, prompt)
     layers = 2
     # each layer's input norm and the final one; Qwen3's q_norm/k_norm too (post-attention norms: in add_rms_norm)
     norms = layers + 1 + (2 * layers if family == "Qwen3" else 0)
@@ -166,16 +189,8 @@ def test_training_step_gradients_match_the_unpatched_model():
 @pytest.mark.parametrize("family", ["Llama", "Qwen3", "Gemma"])
 def test_enabled_patched_model_routes_the_fused_operators(family):
     model, prompt = tiny(family), ids()
-    with torch.no_grad():
-        want = model(prompt).logits
-        flaggems.patch(model)
-        with flaggems.enabled():
-            got = model(prompt).logits
-            got_again = model(prompt).logits
-            stats = flaggems.runtime.RUNTIME.plan_stats()
-            declined = {op: flaggems.routes(op)[0]["declined"] for op in ("flaggems::rms_norm",
-                                                                           "flaggems::add_rms_norm")}
-    flaggems.unpatch(model)
+    want, (got, got_again), declined, _, stats = routed_after_patch(
+        model, prompt, ("flaggems::rms_norm", "flaggems::add_rms_norm"), runs=2)
     torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
     assert torch.equal(got, got_again)
     assert not any(declined.values()), declined  # the generic kernels served the norms
@@ -270,11 +285,7 @@ def form_family(family: str) -> nn.Module:
 @pytest.mark.parametrize("family", FORM_FAMILIES)
 def test_families_no_table_names_are_patched_by_form(family):
     model, prompt = form_family(family), ids()
-    state = {k: v.clone() for k, v in model.state_dict().items()}
-    with torch.no_grad():
-        want = model(prompt).logits
-        report = flaggems.patch(model)
-        got = model(prompt).logits
+    report, want, got, state = patched_between_runs(model, prompt)
     if int(transformers.__version__.split(".")[0]) >= 5:
         assert dict(report.patched) == FORM_FAMILIES[family], str(report)
     assert report.patched["rms_norm"] and report.by_form, str(report)
@@ -289,15 +300,8 @@ def test_families_no_table_names_are_patched_by_form(family):
 @pytest.mark.parametrize("family", ["Mixtral", "Gemma3", "Phi3"])
 def test_a_family_patched_by_form_runs_the_kernels_with_torchs_results(family):
     model, prompt = form_family(family), ids()
-    with torch.no_grad():
-        want = model(prompt).logits
-        flaggems.patch(model)
-        before = flaggems.runtime.RUNTIME.plan_stats()
-        with flaggems.enabled():
-            got = model(prompt).logits
-            declined = {op: flaggems.routes(op)[0]["declined"] for op in ("flaggems::rms_norm", "flaggems::silu_mul")}
-            stats = flaggems.runtime.RUNTIME.plan_stats()
-    flaggems.unpatch(model)
+    want, (got,), declined, before, stats = routed_after_patch(model, prompt,
+                                                               ("flaggems::rms_norm", "flaggems::silu_mul"))
     torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
     assert not any(declined.values()), declined  # the generic kernels served the norms (and Phi-3's halves)
     if stats:  # the compiled entry: its counters say the fused norm was served (planned or replayed)

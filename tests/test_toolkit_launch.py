@@ -12,7 +12,7 @@ import types
 
 import pytest
 import torch
-from conftest import set_kernel_context
+from conftest import in_threads, set_kernel_context
 
 import flaggems
 
@@ -272,8 +272,6 @@ def test_zeroed_scratch_differs_between_streams():
 
 def test_interpreted_launches_from_many_threads():
     """Triton's interpreter keeps launch state in globals: concurrent routed calls must all come out right."""
-    import threading
-
     import flaggems
     from flaggems.binding import native_scope
 
@@ -300,11 +298,7 @@ def test_interpreted_launches_from_many_threads():
                     failures.append(f"thread {seed} step {step}")
 
     with flaggems.enabled():
-        threads = [threading.Thread(target=work, args=(seed,)) for seed in range(8)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
+        in_threads(work, 8)
     assert not failures
 
 

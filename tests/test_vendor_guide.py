@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import install_acme
 
 import flaggems
 from flaggems import config, testing
@@ -32,19 +33,7 @@ GUIDE = ROOT / "docs" / "vendor-guide.md"
 @pytest.fixture
 def acme(runtime, monkeypatch):
     """Generic and acme plugins installed, acme selected (simulated on the device that exists)."""
-    monkeypatch.syspath_prepend(str(EXAMPLE / "src"))
-    import acme_gems
-
-    import flaggems.plugins.generic as generic
-
-    runtime.manager.register(generic, "generic")
-    runtime.manager.register(acme_gems, "acme")
-    runtime.declare_env_vars()
-    monkeypatch.setenv("FLAGGEMS_VENDOR", "acme")
-    monkeypatch.setattr(testing, "_LOADED", False)  # the kit reads the plugin's cases anew
-    yield runtime
-    config.REGISTRY.pop("FLAGGEMS_ACME_NEG_BLOCK", None)
-    sys.modules.pop("acme_gems", None)
+    yield from install_acme(runtime, monkeypatch)
 
 
 def test_the_guide_shows_the_example_files_as_they_are():

@@ -12,7 +12,7 @@ import os
 
 import pytest
 import torch
-from conftest import ran
+from conftest import install_acme, ran
 
 import flaggems
 from flaggems.binding import native_scope
@@ -78,30 +78,10 @@ def acme_on_the_npu(runtime, monkeypatch):
     Only the backend record changes (an Acme device that presents itself as ``npu``); the plugin's
     operators, cases, tuning and variables are the example's own.
     """
-    import dataclasses
-    from pathlib import Path
+    from flaggems import ProbeResult
 
-    from flaggems import ProbeResult, testing
-
-    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[1] / "examples" / "acme_gems" / "src"))
-    import acme_gems
-
-    import flaggems.plugins.generic as generic
-
-    monkeypatch.setattr(acme_gems, "ACME", dataclasses.replace(
-        acme_gems.ACME, device_type=NPU, probe=lambda: ProbeResult(True, "an Acme device seen as the fake npu")))
-    runtime.manager.register(generic, "generic")
-    runtime.manager.register(acme_gems, "acme")
-    runtime.declare_env_vars()
-    monkeypatch.setenv("FLAGGEMS_VENDOR", "acme")
-    monkeypatch.setattr(testing, "_LOADED", False)  # the kit reads the plugin's cases anew
-    yield runtime
-    from flaggems import config
-
-    config.REGISTRY.pop("FLAGGEMS_ACME_NEG_BLOCK", None)
-    import sys
-
-    sys.modules.pop("acme_gems", None)
+    yield from install_acme(runtime, monkeypatch, device_type=NPU,
+                            probe=lambda: ProbeResult(True, "an Acme device seen as the fake npu"))
 
 
 def test_a_third_party_plugin_passes_the_kit_on_privateuse1(acme_on_the_npu):

@@ -9,7 +9,7 @@ outputs out differently (a ``[1, 1, S, D]`` tensor whose size-1 dimension has it
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 
 def contiguous_strides(sizes: Sequence[int]) -> list[int]:
@@ -21,28 +21,25 @@ def contiguous_strides(sizes: Sequence[int]) -> list[int]:
     return strides
 
 
-def _is_contiguous(sizes: Sequence[int], strides: Sequence[int]) -> bool:
-    """``is_contiguous()`` from metadata (size-1 dimensions ignored)."""
+def _packed(sizes: Sequence[int], strides: Sequence[int], order: Iterable[int]) -> bool:
+    """Whether the dimensions, innermost first in ``order``, are packed one after another (size-1 ones ignored)."""
     expected = 1
-    for d in reversed(range(len(sizes))):
+    for d in order:
         if sizes[d] != 1:
             if strides[d] != expected:
                 return False
             expected *= sizes[d]
     return True
+
+
+def _is_contiguous(sizes: Sequence[int], strides: Sequence[int]) -> bool:
+    """``is_contiguous()`` from metadata (size-1 dimensions ignored)."""
+    return _packed(sizes, strides, reversed(range(len(sizes))))
 
 
 def _is_channels_last(sizes: Sequence[int], strides: Sequence[int]) -> bool:
     """``is_contiguous(memory_format=torch.channels_last)`` (rank 4 only, as torch's flag)."""
-    if len(sizes) != 4:
-        return False
-    expected = 1
-    for d in (1, 3, 2, 0):
-        if sizes[d] != 1:
-            if strides[d] != expected:
-                return False
-            expected *= sizes[d]
-    return True
+    return len(sizes) == 4 and _packed(sizes, strides, (1, 3, 2, 0))
 
 
 def is_dense(sizes: Sequence[int], strides: Sequence[int]) -> bool:

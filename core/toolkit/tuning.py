@@ -27,7 +27,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar, TypeVar
 
 from . import context
 
@@ -97,22 +97,49 @@ def _power_of_two(key: str, name: str, value: int) -> None:
         raise ValueError(f"tuning {key}.{name}={value}: expected a power of two")
 
 
-def integer_policy(cls: type, key: str, values: Mapping[str, Any], powers_of_two: tuple[str, ...],
-                   minimums: Mapping[str, int]) -> Any:
-    """A policy of integer fields (for a ``from_values``): unknown fields, non-powers of two and values below
-    a minimum raise ``ValueError``."""
-    unknown_fields(key, cls, values)
-    policy = cls(**{name: int(value) for name, value in values.items()})
-    for name in powers_of_two:
-        _power_of_two(key, name, getattr(policy, name))
-    for name, least in minimums.items():
-        if getattr(policy, name) < least:
-            raise ValueError(f"tuning {key}.{name}={getattr(policy, name)}: expected an integer >= {least}")
-    return policy
+class IntegerPolicy:
+    """Base of a launch policy of integer fields, a frozen dataclass built by :meth:`from_values`.
+
+    A subclass names its tuning key, the fields that must be powers of two and the least value of others in
+    its class statement (``class P(IntegerPolicy, key="...", powers_of_two=(...), minimums={...})``), and
+    overrides :meth:`check` where its values must satisfy more.
+    """
+
+    key: ClassVar[str]
+    powers_of_two: ClassVar[tuple[str, ...]]
+    minimums: ClassVar[Mapping[str, int]]
+
+    def __init_subclass__(cls, key: str, powers_of_two: tuple[str, ...] = (), minimums: Mapping[str, int] | None = None,
+                          **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        cls.key, cls.powers_of_two, cls.minimums = key, powers_of_two, dict(minimums or {})
+
+    @classmethod
+    def from_values(cls: type[_P], values: Mapping[str, Any]) -> _P:
+        """Build a policy from a tuning mapping; raises ``ValueError`` on unknown fields or bad values (unknown
+        fields, non-powers of two, values below a minimum, then what :meth:`check` rejects)."""
+        unknown_fields(cls.key, cls, values)
+        policy = cls(**{name: int(value) for name, value in values.items()})
+        for name in cls.powers_of_two:
+            _power_of_two(cls.key, name, getattr(policy, name))
+        for name, least in cls.minimums.items():
+            if getattr(policy, name) < least:
+                raise ValueError(f"tuning {cls.key}.{name}={getattr(policy, name)}: expected an integer >= {least}")
+        policy.check()
+        return policy
+
+    def check(self) -> None:
+        """Raise ``ValueError`` for values the kernels cannot use beyond the integer checks (none here)."""
+
+
+_P = TypeVar("_P", bound=IntegerPolicy)
 
 
 @dataclass(frozen=True)
-class GatherScatterPolicy:
+class GatherScatterPolicy(IntegerPolicy, key="gather_scatter",
+                          powers_of_two=("tile", "max_cols", "num_warps", "min_tile", "elements_per_warp",
+                                         "wide_tile_bytes", "few_rows_warps", "merged_gather_warps", "search_lanes"),
+                          minimums={"min_programs": 0, "few_rows": 0, "wide_row_bytes": 1}):
     """Tiles and warps of the gather/scatter kernels along one dimension (``Tuning("gather_scatter", {...})``).
 
     Used by ``index_select``, ``index_copy``, ``repeat_interleave``'s expand
@@ -151,17 +178,13 @@ class GatherScatterPolicy:
     merged_gather_warps: int = 16
     search_lanes: int = 4096
 
-    @classmethod
-    def from_values(cls, values: Mapping[str, Any]) -> GatherScatterPolicy:
-        """Build a policy from a tuning mapping; raises ``ValueError`` on unknown fields or bad values."""
-        return integer_policy(cls, "gather_scatter", values,
-                               ("tile", "max_cols", "num_warps", "min_tile", "elements_per_warp", "wide_tile_bytes",
-                                "few_rows_warps", "merged_gather_warps", "search_lanes"),
-                               {"min_programs": 0, "few_rows": 0, "wide_row_bytes": 1})
-
 
 @dataclass(frozen=True)
-class GroupedScatterPolicy:
+class GroupedScatterPolicy(IntegerPolicy, key="grouped_scatter",
+                           powers_of_two=("block", "partition_warps", "scatter_block", "scatter_warps", "count_warps",
+                                          "window"),
+                           minimums={"partition_stages": 1, "programs": 1, "windows": 2, "spread_share": 1,
+                                     "min_sector_stores": 1, "min_dest_bytes": 0}):
     """Blocks, warps and thresholds of the grouped scatter (``Tuning("grouped_scatter", {...})``).
 
     Used by :mod:`flaggems.toolkit.partition` (large random 1-D scatters, index_copy_).
@@ -195,21 +218,15 @@ class GroupedScatterPolicy:
     min_sector_stores: int = 4
     min_dest_bytes: int = 64 << 20
 
-    @classmethod
-    def from_values(cls, values: Mapping[str, Any]) -> GroupedScatterPolicy:
-        """Build a policy from a tuning mapping; raises ``ValueError`` on unknown fields or bad values."""
-        policy = integer_policy(cls, "grouped_scatter", values,
-                                 ("block", "partition_warps", "scatter_block", "scatter_warps", "count_warps",
-                                  "window"),
-                                 {"partition_stages": 1, "programs": 1, "windows": 2, "spread_share": 1,
-                                  "min_sector_stores": 1, "min_dest_bytes": 0})
-        if policy.block >= 1024:
-            raise ValueError(f"tuning grouped_scatter.block={policy.block}: expected below 1024 (10-bit rank fields)")
-        return policy
+    def check(self) -> None:
+        """The block below 1024 (its counts fill 10-bit rank fields)."""
+        if self.block >= 1024:
+            raise ValueError(f"tuning grouped_scatter.block={self.block}: expected below 1024 (10-bit rank fields)")
 
 
 @dataclass(frozen=True)
-class ScanPolicy:
+class ScanPolicy(IntegerPolicy, key="scan", powers_of_two=("block", "sub", "fanout", "chunk", "tile", "threads"),
+                 minimums={"lookback": 0}):
     """Blocks, chunks and searches of ``repeat_interleave``'s scan and expand (``Tuning("scan", {...})``).
 
     Attributes:
@@ -236,16 +253,12 @@ class ScanPolicy:
     tile: int = 1024
     threads: int = 128
 
-    @classmethod
-    def from_values(cls, values: Mapping[str, Any]) -> ScanPolicy:
-        """Build a policy from a tuning mapping; raises ``ValueError`` on unknown fields or bad values."""
-        policy = integer_policy(cls, "scan", values, ("block", "sub", "fanout", "chunk", "tile", "threads"),
-                                 {"lookback": 0})
-        if policy.lookback:
-            _power_of_two("scan", "lookback", policy.lookback)
-        if policy.sub > policy.block:
-            raise ValueError(f"tuning scan.sub={policy.sub}: expected at most block ({policy.block})")
-        return policy
+    def check(self) -> None:
+        """A look-back of 0 or a power of two; sub-blocks no larger than the block."""
+        if self.lookback:
+            _power_of_two("scan", "lookback", self.lookback)
+        if self.sub > self.block:
+            raise ValueError(f"tuning scan.sub={self.sub}: expected at most block ({self.block})")
 
     def lanes(self, warp_size: int) -> int:
         """Look-back lanes on a device whose warps are ``warp_size`` wide."""

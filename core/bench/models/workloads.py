@@ -6,23 +6,9 @@ import fnmatch
 import functools
 from collections.abc import Sequence
 
+from . import decoders
 from ._common import ModelWorkload
-from .decoders import (
-    LLAMA,
-    MIXTRAL,
-    QWEN2,
-    RUNS_FULL,
-    SEEN_LENGTHS,
-    VARLEN_WARMUP,
-    Family,
-    build_decode,
-    build_llama_decode,
-    build_llama_generate,
-    build_llama_prefill,
-    build_prefill,
-    build_prefill_varlen,
-    build_train,
-)
+from .decoders import LLAMA, MIXTRAL, QWEN2, RUNS_FULL, SEEN_LENGTHS, VARLEN_WARMUP, Family
 from .sd15 import build_sd15_forward, build_sd15_train
 from .unet import build_unet_backward, build_unet_forward
 
@@ -37,20 +23,20 @@ def _family_workloads(family: Family, first: str) -> tuple[ModelWorkload, ...]:
     long_decode = family is QWEN2
     out = [
         ModelWorkload(f"{family.name}_prefill_512", f"{first}: model(input_ids), batch {batch} x {seq} tokens",
-                      functools.partial(build_prefill, family), needs_transformers=True,
+                      functools.partial(decoders.build_prefill, family), needs_transformers=True,
                       estimate_s=20 if long_decode else 17),
         ModelWorkload(f"{family.name}_prefill_varlen", f"{title}: model(input_ids), batch {runs['varlen_batch']}, "
                       f"a new prompt length ({low}-{high}, a seeded permutation) every call, after "
                       f"{VARLEN_WARMUP} such calls per side",
-                      functools.partial(build_prefill_varlen, family), needs_transformers=True,
+                      functools.partial(decoders.build_prefill_varlen, family), needs_transformers=True,
                       warmup=VARLEN_WARMUP, estimate_s=25 if long_decode else 18),
         ModelWorkload(f"{family.name}_prefill_varlen_seen", f"{title}: the varlen prefill's walk cut to "
                       f"{SEEN_LENGTHS} lengths served round and round, each twice in the warm-up (its steady state)",
-                      functools.partial(build_prefill_varlen, family, seen=SEEN_LENGTHS), needs_transformers=True,
-                      warmup=2 * SEEN_LENGTHS, estimate_s=25 if long_decode else 18),
+                      functools.partial(decoders.build_prefill_varlen, family, seen=SEEN_LENGTHS),
+                      needs_transformers=True, warmup=2 * SEEN_LENGTHS, estimate_s=25 if long_decode else 18),
         ModelWorkload(f"{family.name}_train", f"{title}: train mode, model(ids, labels=ids).loss.backward(), "
                       f"batch {train_batch} x {train_seq}, grads zeroed each step",
-                      functools.partial(build_train, family), needs_transformers=True,
+                      functools.partial(decoders.build_train, family), needs_transformers=True,
                       estimate_s=22 if long_decode else 17),
     ]
     for size in (1, 8):
@@ -59,8 +45,8 @@ def _family_workloads(family: Family, first: str) -> tuple[ModelWorkload, ...]:
                 f"{family.name}_decode_b{size}_{cache}",
                 f"{title}: greedy {runs['new_tokens']} tokens after a {runs['prompt']}-token prompt, batch {size}, "
                 f"{'StaticCache' if cache == 'static' else 'DynamicCache'}, explicit model(...) loop",
-                functools.partial(build_decode, family, size, cache), needs_transformers=True, rounds=8, warmup=1,
-                estimate_s=45 if long_decode else 10))
+                functools.partial(decoders.build_decode, family, size, cache), needs_transformers=True, rounds=8,
+                warmup=1, estimate_s=45 if long_decode else 10))
     return tuple(out)
 
 
@@ -73,17 +59,18 @@ MIXTRAL_TITLE = ("Mixtral-shaped MoE decoder (4 layers, hidden 1024, 8 experts o
 MIXTRAL_WORKLOADS = ("mixtral_prefill_512", "mixtral_decode_b1_dynamic")
 
 WORKLOADS: tuple[ModelWorkload, ...] = (
-    ModelWorkload("llama_prefill", f"{LLAMA_TITLE}: model(input_ids), batch 4 x 256 tokens", build_llama_prefill,
-                  needs_transformers=True, estimate_s=17),
+    ModelWorkload("llama_prefill", f"{LLAMA_TITLE}: model(input_ids), batch 4 x 256 tokens",
+                  decoders.build_llama_prefill, needs_transformers=True, estimate_s=17),
     ModelWorkload("llama_decode", "the same decoder: greedy 24 new tokens after a 128-token prompt, batch 4, "
-                  "StaticCache, explicit model(...) loop", build_llama_decode, needs_transformers=True,
+                  "StaticCache, explicit model(...) loop", decoders.build_llama_decode, needs_transformers=True,
                   estimate_s=13),
     ModelWorkload("llama_generate", "the same decoder: model.generate(max_new_tokens=24, do_sample=False, "
-                  "cache_implementation='static'), batch 4 x 128-token prompt", build_llama_generate,
+                  "cache_implementation='static'), batch 4 x 128-token prompt", decoders.build_llama_generate,
                   needs_transformers=True, estimate_s=15),
     ModelWorkload("llama_generate_dynamic", "the same decoder: model.generate(max_new_tokens=24, do_sample=False) "
                   "with the default DynamicCache, batch 4 x 128-token prompt",
-                  functools.partial(build_llama_generate, static=False), needs_transformers=True, estimate_s=15),
+                  functools.partial(decoders.build_llama_generate, static=False), needs_transformers=True,
+                  estimate_s=15),
     *_family_workloads(LLAMA, "the same Llama decoder"),
     *_family_workloads(QWEN2, QWEN2_TITLE),
     *(w for w in _family_workloads(MIXTRAL, MIXTRAL_TITLE) if w.name in MIXTRAL_WORKLOADS),

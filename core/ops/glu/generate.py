@@ -12,23 +12,9 @@ from collections.abc import Callable
 
 import torch
 
+from ...testing import _generators_fused as fused
 from ...testing._generators import Gen, randn
-from ...testing._generators_fused import (
-    BF16,
-    DTYPES,
-    F32,
-    F64,
-    RELAYOUT_SHARE,
-    _by_keyword,
-    _gen,
-    _leaf,
-    fixed_positions,
-    laid_out,
-    lead_shape,
-    pick_layout,
-    requires_grad,
-    short,
-)
+from ...testing._generators_fused import BF16, DTYPES, F32, F64, RELAYOUT_SHARE
 from ...testing._inputs import GRAD_SHARE
 
 #: Intermediate sizes: tiny, odd, powers of two and not.
@@ -42,24 +28,24 @@ def _glu_case(rng: random.Random, dev: torch.device, op: str) -> Gen:
     dtype = rng.choices((*DTYPES, F64), (4, 4, 4, 0.3))[0]
     inner = rng.choice(INTERMEDIATE)
     rank0 = rng.random() < 0.03
-    shape = () if rank0 else (*lead_shape(rng, 0, 3, 2 * inner), inner)
+    shape = () if rank0 else (*fused.lead_shape(rng, 0, 3, 2 * inner), inner)
     relayout = rng.random() < RELAYOUT_SHARE
     how = rng.choices(("merged", "alike", "independent"), (3, 3, 4))[0] if not relayout else "relayout"
     scale = rng.choice((2.0, 2.0, 2.0, 12.0))  # 12: gates in the activations' tails
     if how == "merged" and shape:
-        proj = laid_out(rng, (*shape[:-1], 2 * inner), dtype, dev,
-                        pick_layout(rng, len(shape), ("column-stride", "transposed-last", "expanded")), scale)
+        layout = fused.pick_layout(rng, len(shape), ("column-stride", "transposed-last", "expanded"))
+        proj = fused.laid_out(rng, (*shape[:-1], 2 * inner), dtype, dev, layout, scale)
         gate, up = proj.chunk(2, -1)
-        kind = f"{short(dtype)} merged"
+        kind = f"{fused.short(dtype)} merged"
     else:
-        ghow = "relayout" if relayout else pick_layout(rng, len(shape))
-        uhow = ghow if how in ("alike", "relayout") else pick_layout(rng, len(shape))
+        ghow = "relayout" if relayout else fused.pick_layout(rng, len(shape))
+        uhow = ghow if how in ("alike", "relayout") else fused.pick_layout(rng, len(shape))
         state = rng.getstate()
-        gate = laid_out(rng, shape, dtype, dev, ghow, scale)
+        gate = fused.laid_out(rng, shape, dtype, dev, ghow, scale)
         if how == "alike":
             rng.setstate(state)  # the same draws: ``up`` laid out exactly as ``gate``
-        up = laid_out(rng, shape, dtype, dev, uhow)
-        kind = f"{short(dtype)} gate={ghow} up={uhow}"
+        up = fused.laid_out(rng, shape, dtype, dev, uhow)
+        kind = f"{fused.short(dtype)} gate={ghow} up={uhow}"
     if gate.numel() and rng.random() < 0.1 and not _overlaps(gate):
         # special values: overflowing exp, infinities, NaN, written into the gate's own layout
         special = torch.tensor((float("inf"), float("-inf"), float("nan"), 90.0, -90.0), dtype=dtype, device=dev)
@@ -75,16 +61,16 @@ def _glu_case(rng: random.Random, dev: torch.device, op: str) -> Gen:
     elif odd == "mismatch" and shape:
         up = randn((*shape[:-1], shape[-1] + 1), dtype, dev)
     kind += f" {shape}{' ' + odd if odd != 'none' else ''}"
-    gate, up = _leaf(gate), _leaf(up)
+    gate, up = fused._leaf(gate), fused._leaf(up)
     if rng.random() < GRAD_SHARE:
         if rng.random() < 0.5:
-            requires_grad(gate, up)
+            fused.requires_grad(gate, up)
         else:  # only one side: the backward then computes only that gradient
-            requires_grad(gate)
+            fused.requires_grad(gate)
         kind += " grad"
-    args, kwargs = _by_keyword(rng, [gate, up], ("gate", "up"), rng.randint(0, 2))
-    return _gen(args, kwargs, ulps=float(ULPS[op].get(dtype, 4)), fixed=fixed_positions(tuple(args), kwargs,
-                                                                                           not relayout), kind=kind)
+    args, kwargs = fused._by_keyword(rng, [gate, up], ("gate", "up"), rng.randint(0, 2))
+    return fused._gen(args, kwargs, ulps=float(ULPS[op].get(dtype, 4)),
+                      fixed=fused.fixed_positions(tuple(args), kwargs, not relayout), kind=kind)
 
 
 def _overlaps(t: torch.Tensor) -> bool:

@@ -2,15 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
 
-from ...toolkit.tuning import integer_policy
+from ...toolkit.tuning import IntegerPolicy
 
 
 @dataclass(frozen=True)
-class GluPolicy:
+class GluPolicy(IntegerPolicy, key="glu", powers_of_two=("tile",), minimums={"tile": 512, "num_warps": 0}):
     """Tile and warps of the gated activations (``Tuning("glu", {...})``: ``silu_mul``, ``gelu_mul``, ...).
 
     Attributes:
@@ -22,13 +20,10 @@ class GluPolicy:
     tile: int = 2048
     num_warps: int = 0
 
-    @classmethod
-    def from_values(cls, values: Mapping[str, Any]) -> GluPolicy:
-        """Build a policy from a tuning mapping; raises ``ValueError`` on unknown fields or bad values."""
-        policy = integer_policy(cls, "glu", values, ("tile",), {"tile": 512, "num_warps": 0})
-        if policy.num_warps & (policy.num_warps - 1):
-            raise ValueError(f"tuning glu.num_warps={policy.num_warps}: expected 0 or a power of two")
-        return policy
+    def check(self) -> None:
+        """Warps 0 or a power of two."""
+        if self.num_warps & (self.num_warps - 1):
+            raise ValueError(f"tuning glu.num_warps={self.num_warps}: expected 0 or a power of two")
 
 
 POLICIES = {"glu": GluPolicy}

@@ -16,23 +16,9 @@ from typing import Any
 import torch
 
 from ...testing import NATIVE_CONTIGUOUS_ON_GPU, _sweep
+from ...testing import _generators_fused as fused
 from ...testing._generators import MAX_NUMEL, Gen, randn
-from ...testing._generators_fused import (
-    BF16,
-    DTYPES,
-    F16,
-    F32,
-    F64,
-    RELAYOUT_SHARE,
-    _by_keyword,
-    _gen,
-    _leaf,
-    _stored_in,
-    fixed_positions,
-    requires_grad,
-    short,
-    trim_defaults,
-)
+from ...testing._generators_fused import BF16, DTYPES, F16, F32, F64, RELAYOUT_SHARE
 from ...testing._inputs import FLOATS, GRAD_SHARE
 
 
@@ -152,7 +138,7 @@ def gns_input(rng: random.Random, dims: tuple[int, ...], dtype: torch.dtype, dev
     if how == "permuted":
         order = list(range(len(dims)))
         rng.shuffle(order)
-        return _stored_in(order, dims, dtype, dev, 1.0, shift), f"permuted{tuple(order)}"
+        return fused._stored_in(order, dims, dtype, dev, 1.0, shift), f"permuted{tuple(order)}"
     if how == "expanded-batch" and dims[0] > 1:
         return randn((1, *dims[1:]), dtype, dev, shift=shift).expand(dims), how
     return randn(dims, dtype, dev, shift=shift), "contiguous"
@@ -183,17 +169,17 @@ def gen_group_norm_silu(rng: random.Random, dev: torch.device) -> Gen:
     if rng.random() < 0.03:
         groups = rng.choice([g for g in (0, 5, 7, C + 1) if g == 0 or C % g])  # the reference raises
     eps = rng.choice((1e-5, 1e-5, 1e-6, 1e-3, 0.1))
-    x, w, b = _leaf(x), _leaf(w), _leaf(b)
+    x, w, b = fused._leaf(x), fused._leaf(w), fused._leaf(b)
     grad = rng.random() < GRAD_SHARE
     if grad:
-        requires_grad(x, *(p for p in (w, b) if rng.random() < 0.7))
-    args = trim_defaults(rng, [x, groups, w, b, eps], (None, None, 1e-5))
-    args, kwargs = _by_keyword(rng, args, GNS_ARGS, rng.randint(2, len(args)))
-    kind = (f"{short(dtype)}{'/f32-affine' if mixed else ''} {dims} groups={groups} x={how} "
+        fused.requires_grad(x, *(p for p in (w, b) if rng.random() < 0.7))
+    args = fused.trim_defaults(rng, [x, groups, w, b, eps], (None, None, 1e-5))
+    args, kwargs = fused._by_keyword(rng, args, GNS_ARGS, rng.randint(2, len(args)))
+    kind = (f"{fused.short(dtype)}{'/f32-affine' if mixed else ''} {dims} groups={groups} x={how} "
             f"w={'none' if w is None else tuple(w.stride())} b={'none' if b is None else 'yes'}"
             f"{' grad' if grad else ''}")
-    return _gen(args, kwargs, ulps=float(FORWARD_ULPS[dtype]), check_strides=NATIVE_TAKES_CHANNELS_LAST,
-                fixed=fixed_positions(tuple(args), kwargs, not relayout), kind=kind)
+    return fused._gen(args, kwargs, ulps=float(FORWARD_ULPS[dtype]), check_strides=NATIVE_TAKES_CHANNELS_LAST,
+                      fixed=fused.fixed_positions(tuple(args), kwargs, not relayout), kind=kind)
 
 
 GENERATORS: dict[str, Callable[[random.Random, torch.device], Gen]] = {

@@ -2,15 +2,16 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
 
-from ...toolkit.tuning import integer_policy
+from ...toolkit.tuning import IntegerPolicy
 
 
 @dataclass(frozen=True)
-class GroupNormPolicy:
+class GroupNormPolicy(IntegerPolicy, key="group_norm",
+                      powers_of_two=("tile", "num_warps", "finalize_tile", "param_tile", "param_min_channels",
+                                     "channel_block_max"),
+                      minimums={"max_chunks": 1, "programs_per_sm": 1, "fuse_limit": 0, "min_chunk_rows": 1}):
     """Tiles and grid of the group_norm reductions (``Tuning("group_norm", {...})``).
 
     Attributes:
@@ -41,14 +42,6 @@ class GroupNormPolicy:
     programs_per_sm: int = 4
     channel_block_max: int = 512
     min_chunk_rows: int = 32
-
-    @classmethod
-    def from_values(cls, values: Mapping[str, Any]) -> GroupNormPolicy:
-        """Build a policy from a tuning mapping; raises ``ValueError`` on unknown fields or bad values."""
-        return integer_policy(cls, "group_norm", values,
-                              ("tile", "num_warps", "finalize_tile", "param_tile", "param_min_channels",
-                                "channel_block_max"),
-                              {"max_chunks": 1, "programs_per_sm": 1, "fuse_limit": 0, "min_chunk_rows": 1})
 
 
 POLICIES = {"group_norm": GroupNormPolicy}

@@ -13,25 +13,9 @@ from typing import Any
 
 import torch
 
+from ...testing import _generators_fused as fused
 from ...testing._generators import Gen, randn
-from ...testing._generators_fused import (
-    BF16,
-    DTYPES,
-    F16,
-    F32,
-    F64,
-    RELAYOUT_SHARE,
-    _by_keyword,
-    _gen,
-    _leaf,
-    fixed_positions,
-    laid_out,
-    lead_shape,
-    pick_layout,
-    requires_grad,
-    short,
-    trim_defaults,
-)
+from ...testing._generators_fused import BF16, DTYPES, F16, F32, F64, RELAYOUT_SHARE
 from ...testing._inputs import GRAD_SHARE
 
 #: Hidden sizes: tiny, odd, powers of two and not (896 is Qwen2-0.5B's; 1000 an odd one).
@@ -93,39 +77,39 @@ def _rms_case(rng: random.Random, dev: torch.device, add: bool) -> Gen:
     """One case of ``rms_norm`` (``add``: of ``add_rms_norm``, with a residual)."""
     dtype = rng.choices((*DTYPES, F64), (4, 4, 4, 0.3))[0]
     H = rng.choice(HIDDEN)
-    shape = (*lead_shape(rng, 0, 3, H), H)
+    shape = (*fused.lead_shape(rng, 0, 3, H), H)
     relayout = rng.random() < RELAYOUT_SHARE
     # a hidden dimension of stride != 1 declines: drawn less often, so that two operands leave cases to serve
     hidden_strided = () if rng.random() < 0.4 else ("transposed-last", "column-stride")
-    how = "relayout" if relayout else pick_layout(rng, len(shape), hidden_strided)
-    x = laid_out(rng, shape, dtype, dev, how, 2.0)
+    how = "relayout" if relayout else fused.pick_layout(rng, len(shape), hidden_strided)
+    x = fused.laid_out(rng, shape, dtype, dev, how, 2.0)
     weight, wkind = rms_weight(rng, H, dtype, dev)
     offset = rng.choice((0.0, 0.0, 0.0, 1.0))
     cast_first = rng.random() < (0.5 if offset else 0.8)  # Gemma: offset 1 without cast_first
     eps = rng.choice((1e-6, 1e-6, 1e-5, 1e-3, 0.5))
-    kind = f"{short(dtype)} H={H} x={how} w={wkind} offset={offset:g} cast_first={cast_first}"
+    kind = f"{fused.short(dtype)} H={H} x={how} w={wkind} offset={offset:g} cast_first={cast_first}"
     if add:
         rkind = rng.choices(("layout", "same-layout", "broadcast", "promotes"), (10, 3, 0.5, 0.5))[0]
         rdtype = F32 if rkind == "promotes" and dtype != F32 else (BF16 if rkind == "promotes" else dtype)
         rshape = shape[1:] if rkind == "broadcast" and len(shape) > 1 else shape
         rhow = how if rkind == "same-layout" else (
-            "relayout" if relayout else pick_layout(rng, len(rshape), hidden_strided))
-        residual = laid_out(rng, rshape, rdtype, dev, rhow)
+            "relayout" if relayout else fused.pick_layout(rng, len(rshape), hidden_strided))
+        residual = fused.laid_out(rng, rshape, rdtype, dev, rhow)
         kind += f" residual={rkind}:{rhow}"
-        tensors = [_leaf(x), _leaf(residual), _leaf(weight)]
+        tensors = [fused._leaf(x), fused._leaf(residual), fused._leaf(weight)]
         args = [tensors[0], tensors[1], tensors[2], eps, offset, cast_first]
         names, first = ADD_ARGS, 2
     else:
-        tensors = [_leaf(x), _leaf(weight)]
+        tensors = [fused._leaf(x), fused._leaf(weight)]
         args = [tensors[0], tensors[1], eps, offset, cast_first]
         names, first = RMS_ARGS, 1
     if rng.random() < GRAD_SHARE:
-        requires_grad(*tensors)
+        fused.requires_grad(*tensors)
         kind += " grad"
-    args = trim_defaults(rng, args, (0.0, True))
-    args, kwargs = _by_keyword(rng, args, names, rng.randint(first, len(args)))
-    return _gen(args, kwargs, ulps=rms_ulps(dtype, weight, offset, cast_first),
-                fixed=fixed_positions(tuple(args), kwargs, not relayout), kind=kind)
+    args = fused.trim_defaults(rng, args, (0.0, True))
+    args, kwargs = fused._by_keyword(rng, args, names, rng.randint(first, len(args)))
+    return fused._gen(args, kwargs, ulps=rms_ulps(dtype, weight, offset, cast_first),
+                      fixed=fused.fixed_positions(tuple(args), kwargs, not relayout), kind=kind)
 
 
 def gen_rms_norm(rng: random.Random, dev: torch.device) -> Gen:

@@ -53,13 +53,16 @@ def projection(batch: int, seq: int, heads: int, dim: int, dtype: torch.dtype, d
 
 
 def llama(name: str, batch: int = 2, heads: int = 4, kv_heads: int = 2, seq: int = 3, dim: int = 8,
-          dtype: torch.dtype = F32, interleaved: bool = False, angle_batch: int | None = None, **kw) -> Case:
-    """A case in transformers' layout (``angle_batch=1``: ``cos``/``sin`` shared by the batch)."""
+          dtype: torch.dtype = F32, interleaved: bool = False, angle_batch: int | None = None,
+          angle_dtype: torch.dtype | None = None, **kw) -> Case:
+    """A case in transformers' layout (``angle_batch=1``: ``cos``/``sin`` shared by the batch; ``angle_dtype``:
+    theirs, when not ``dtype``)."""
 
     def make(dev):
         q = projection(batch, seq, heads, dim, dtype, dev)
         k = projection(batch, seq, kv_heads, dim, dtype, dev)
-        cos, sin = angles(batch if angle_batch is None else angle_batch, seq, dim, dtype, dev, interleaved)
+        cos, sin = angles(batch if angle_batch is None else angle_batch, seq, dim, angle_dtype or dtype, dev,
+                          interleaved)
         return (q, k, cos, sin), {"interleaved": interleaved} if interleaved else {}
 
     kw.setdefault("ulps", ULPS[dtype])
@@ -117,28 +120,6 @@ def _column_stride(dev):
     return (q, k, cos, sin), {}
 
 
-def _one_head_one_batch(dev):
-    q, k = projection(1, 4, 1, 16, F32, dev), projection(1, 4, 1, 16, F32, dev)
-    return (q, k, *angles(1, 4, 16, F32, dev)), {}
-
-
-def _mixed_dtypes(dev):
-    """bf16 ``q``/``k`` with fp32 ``cos``/``sin``: the reference promotes to fp32 (declined)."""
-    q, k = projection(2, 3, 4, 16, BF16, dev), projection(2, 3, 2, 16, BF16, dev)
-    return (q, k, *angles(2, 3, 16, F32, dev)), {}
-
-
-def _empty(dev):
-    q, k = projection(2, 0, 4, 16, F32, dev), projection(2, 0, 2, 16, F32, dev)
-    return (q, k, *angles(2, 0, 16, F32, dev)), {}
-
-
-def _angles_grow_the_batch(dev):
-    """One sequence of ``q``/``k`` and ``cos``/``sin`` for two: the result grows to two (declined)."""
-    q, k = projection(1, 3, 4, 16, F32, dev), projection(1, 3, 2, 16, F32, dev)
-    return (q, k, *angles(2, 3, 16, F32, dev)), {}
-
-
 def _odd_head_dim(dev):
     """``D = 7``: the reference's rotate-half splits 3 + 4 (declined: an even head dimension is served)."""
     q, k = projection(2, 3, 4, 7, F32, dev), projection(2, 3, 2, 7, F32, dev)
@@ -174,11 +155,13 @@ def _cases():
     yield custom("rank-3", _rank3)
     yield custom("expanded-angles", _expanded_angles)
     yield custom("column-stride-2", _column_stride)
-    yield custom("one-head-one-batch", _one_head_one_batch)
+    yield llama("one-head-one-batch", batch=1, heads=1, kv_heads=1, seq=4, dim=16)
     yield llama("dtype-f64-declined", dtype=F64)
-    yield custom("mixed-dtypes-declined", _mixed_dtypes, dtype=F32)
-    yield custom("empty-declined", _empty)
-    yield custom("angles-grow-the-batch-declined", _angles_grow_the_batch)
+    # bf16 q/k with fp32 cos/sin: the reference promotes to fp32 (declined)
+    yield llama("mixed-dtypes-declined", dim=16, dtype=BF16, angle_dtype=F32, ulps=ULPS[F32])
+    yield llama("empty-declined", seq=0, dim=16)
+    # one sequence of q/k and cos/sin for two: the result grows to two (declined)
+    yield llama("angles-grow-the-batch-declined", batch=1, dim=16, angle_batch=2)
     yield custom("odd-head-dim-declined", _odd_head_dim)
     yield _error("error-partial-rotary", "must match the size of tensor", angle_dim=4)
     yield _error("error-angles-batch-mismatch", "must match the size of tensor", angle_batch=3)

@@ -11,22 +11,10 @@ from collections.abc import Callable
 
 import torch
 
+from ...testing import _generators_fused as fused
 from ...testing import _sweep
 from ...testing._generators import Gen, randn
-from ...testing._generators_fused import (
-    BF16,
-    DTYPES,
-    F32,
-    F64,
-    MAX_NUMEL,
-    _by_keyword,
-    _gen,
-    _leaf,
-    fixed_positions,
-    requires_grad,
-    short,
-    trim_defaults,
-)
+from ...testing._generators_fused import BF16, DTYPES, F32, F64
 from ...testing._inputs import GRAD_SHARE
 
 
@@ -91,7 +79,7 @@ def gen_rotary_embedding(rng: random.Random, dev: torch.device) -> Gen:
         B, S = size(rng, 1, 1, 2, 3), size(rng, 1, 1, 2, 3, 5)
         Hq = rng.choice((1, 2, 3, 4))
         Hkv = rng.choice([h for h in range(1, Hq + 1) if Hq % h == 0])
-        if B * S * (Hq + 2 * Hkv) * D <= MAX_NUMEL:
+        if B * S * (Hq + 2 * Hkv) * D <= fused.MAX_NUMEL:
             break
     B, S = _sweep.grow((B, S, (Hq + 2 * Hkv) * D), (0, 1))[:2]  # a sweep's points: other sequence lengths
     ab = rng.choices((B, 1, 2), (6, 3, 0.3))[0]  # angles per sequence, shared ([1, S, D]), growing the batch
@@ -119,21 +107,21 @@ def gen_rotary_embedding(rng: random.Random, dev: torch.device) -> Gen:
         unsqueeze = rng.choice((0, 2, 3, -1, 4))
     elif odd == "partial":  # partial rotary (the reference raises: its angles cover only part of D)
         cos, sin = cos[..., : max(D // 2, 1)], sin[..., : max(D // 2, 1)]
-    q, k, cos, sin = _leaf(q), _leaf(k), _leaf(cos), _leaf(sin)
+    q, k, cos, sin = fused._leaf(q), fused._leaf(k), fused._leaf(cos), fused._leaf(sin)
     grad = rng.random() < GRAD_SHARE
     if grad:
-        requires_grad(q, k)
+        fused.requires_grad(q, k)
     if odd == "angles-grad":
-        requires_grad(cos, sin)
-    args = trim_defaults(rng, [q, k, cos, sin, unsqueeze, interleaved], (1, False))
-    args, kwargs = _by_keyword(rng, args, ROTARY_ARGS, rng.randint(2, len(args)))
-    kind = (f"{short(dtype)} {layout} B={B} S={S} Hq={Hq} Hkv={Hkv} D={D} angles[{ab}]:{ahow} "
+        fused.requires_grad(cos, sin)
+    args = fused.trim_defaults(rng, [q, k, cos, sin, unsqueeze, interleaved], (1, False))
+    args, kwargs = fused._by_keyword(rng, args, ROTARY_ARGS, rng.randint(2, len(args)))
+    kind = (f"{fused.short(dtype)} {layout} B={B} S={S} Hq={Hq} Hkv={Hkv} D={D} angles[{ab}]:{ahow} "
             f"unsqueeze={unsqueeze} interleaved={interleaved}{' ' + odd if odd != 'none' else ''}"
             f"{' grad' if grad else ''}")
-    fixed = fixed_positions(tuple(args), kwargs, True)
+    fixed = fused.fixed_positions(tuple(args), kwargs, True)
     if layout == "relayout":  # q and k only: cos and sin laid out unlike each other decline
         fixed = fixed - {0, 1, "q", "k"}
-    return _gen(args, kwargs, ulps=float(ULPS.get(dtype, 4)), fixed=fixed, kind=kind)
+    return fused._gen(args, kwargs, ulps=float(ULPS.get(dtype, 4)), fixed=fixed, kind=kind)
 
 
 def _bhsd(B: int, S: int, H: int, D: int, dtype: torch.dtype, dev: torch.device, how: str) -> torch.Tensor:

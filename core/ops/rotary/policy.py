@@ -2,15 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
 
-from ...toolkit.tuning import integer_policy
+from ...toolkit.tuning import IntegerPolicy
 
 
 @dataclass(frozen=True)
-class RotaryPolicy:
+class RotaryPolicy(IntegerPolicy, key="rotary_embedding", powers_of_two=("tile", "num_warps")):
     """Tile and warps of the rotary embedding (``Tuning("rotary_embedding", {...})``).
 
     Attributes:
@@ -20,11 +18,6 @@ class RotaryPolicy:
 
     tile: int = 2048
     num_warps: int = 4
-
-    @classmethod
-    def from_values(cls, values: Mapping[str, Any]) -> RotaryPolicy:
-        """Build a policy from a tuning mapping; raises ``ValueError`` on unknown fields or bad values."""
-        return integer_policy(cls, "rotary_embedding", values, ("tile", "num_warps"), {})
 
 
 POLICIES = {"rotary_embedding": RotaryPolicy}

@@ -153,13 +153,20 @@ def _forward_cases():
         yield forward("mixed-f16-input-f32-weight", (2, 6, 4, 4), 3, F16, param_dtype=F32, bias=False)
 
 
+#: ``(name, groups, message)``: the group counts torch rejects (a ``RuntimeError``) for an input of
+#: :data:`ERROR_SHAPE`, whichever group_norm op is called (here and :mod:`.op`).
+ERROR_SHAPE = (2, 6, 4, 4)
+GROUPS_ERRORS = (
+    ("error-channels-not-divisible", 4, "Expected number of channels in input to be divisible by num_groups, but "
+                                        "got input of shape [2, 6, 4, 4] and num_groups=4"),
+    ("error-zero-groups", 0, "Expected num groups to be greater than 0, got 0"),
+)
+
+
 def _forward_error_cases():
-    shape = (2, 6, 4, 4)
-    yield forward("error-channels-not-divisible", shape, 4, raises=RuntimeError,
-                  match="Expected number of channels in input to be divisible by num_groups, but got input of "
-                        "shape [2, 6, 4, 4] and num_groups=4")
-    yield forward("error-zero-groups", shape, 0, raises=RuntimeError,
-                  match="Expected num groups to be greater than 0, got 0")
+    shape = ERROR_SHAPE
+    for name, groups, match in GROUPS_ERRORS:
+        yield forward(name, shape, groups, raises=RuntimeError, match=match)
 
     def bad_param(name, weight_shape, bias_shape, match):
         def make(dev):

@@ -24,10 +24,12 @@ from .native import (
     CL,
     CL3D,
     EPS,
+    ERROR_SHAPE,
     F16,
     F32,
     F64,
     FORWARD_ULPS,
+    GROUPS_ERRORS,
     NATIVE_TAKES_CHANNELS_LAST,
     SHAPES,
     _affine,
@@ -70,12 +72,9 @@ def _cases():
 
 
 def _error_cases():
-    shape = (2, 6, 4, 4)
-    yield case("error-channels-not-divisible", shape, 4, raises=RuntimeError,
-               match="Expected number of channels in input to be divisible by num_groups, but got input of "
-                     "shape [2, 6, 4, 4] and num_groups=4")
-    yield case("error-zero-groups", shape, 0, raises=RuntimeError,
-               match="Expected num groups to be greater than 0, got 0")
+    shape = ERROR_SHAPE
+    for name, groups, match in GROUPS_ERRORS:
+        yield case(name, shape, groups, raises=RuntimeError, match=match)
     yield case("error-negative-groups", shape, -1, raises=RuntimeError,
                match="Expected num groups to be greater than 0, got -1")
 
