@@ -179,3 +179,14 @@ def run_compiled(script: str) -> None:
     env.setdefault("TRITON_DEFAULT_FP_FUSION", "1")
     done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0 and done.stdout.strip().endswith("ok"), done.stderr[-3000:]
+
+
+@pytest.fixture
+def unchecked(monkeypatch):
+    """Run as on a GPU without FLAGGEMS_CHECK_INDICES: no synchronous checks."""
+    from flaggems.toolkit import context
+
+    set_kernel_context(monkeypatch, checks=False)
+    with flaggems.enabled():
+        yield
+    context.reset()
