@@ -114,6 +114,7 @@ _SIZED = {
     plans.Pointer: {"offset"},
     plans.CudaStep: {"grid", "params", "ints"},
     plans.PythonStep: {"grid", "values", "slots"},
+    plans.TensorSlot: {"ref"},
     plans.Replay: {"allocations", "steps", "returns"},
     plans.AutogradPlan: {"forward"},  # the node (its backward op, arguments, saved slots) stays one
 }

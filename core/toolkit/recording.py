@@ -40,7 +40,19 @@ from typing import Any
 
 import torch
 
-from .plans import ALLOCATION, INPUT, NULL_ARG, PINNED, CudaStep, PythonStep, TensorRef, const, fconst, pointer  # noqa: F401 - INPUT, ALLOCATION, PINNED re-exported
+from .plans import (  # noqa: F401 - INPUT, ALLOCATION, PINNED re-exported
+    ALLOCATION,
+    INPUT,
+    NULL_ARG,
+    PINNED,
+    CudaStep,
+    PythonStep,
+    TensorRef,
+    TensorSlot,
+    const,
+    fconst,
+    pointer,
+)
 
 #: Byte width of the constants a ``cuda`` step may pass (Triton signature types).
 _CONSTANT_BYTES = {"i1": 1, "i8": 1, "i16": 2, "i32": 4, "i64": 8, "u1": 1, "u8": 1, "u16": 2, "u32": 4, "u64": 8,
@@ -179,7 +191,7 @@ class Recording:
                 if view is None:
                     self.spoil("a launch argument points outside the call's inputs and allocations")
                     return None
-                slots.append((position, view))
+                slots.append(TensorSlot(position, view))
                 values.append(None)
             else:
                 values.append(arg)
