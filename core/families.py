@@ -24,6 +24,7 @@ import the tools that read them, never the other way round.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import importlib
 import importlib.util
@@ -62,7 +63,7 @@ class OpSpec:
     """What flaggems declares of one op family (one folder under ``flaggems/ops``).
 
     Attributes:
-        name: the family, also its folder name (``rms_norm``, ``index_copy``).
+        name: the family, also its folder name (``rms_norms``, ``index_copy``).
         ops: the contract ops it covers, as implementations name them (``index_copy_``,
             ``repeat_interleave.Tensor``, ``flaggems::rms_norm``).
         order: where the family stands in reports (``flaggems bench``, the kit): lower first.
@@ -122,7 +123,7 @@ def specs() -> tuple[OpSpec, ...]:
             record = importlib.import_module(f"{package}.spec").SPEC
             if record.name != module.name:
                 raise ValueError(f"{package}/spec.py names its family {record.name!r}, not its folder's name")
-            found.append(OpSpec(record.name, record.ops, record.order, record.fronts, package))
+            found.append(dataclasses.replace(record, package=package))
     return tuple(sorted(found, key=lambda record: (record.order, record.name)))
 
 

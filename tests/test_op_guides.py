@@ -13,6 +13,7 @@ DINOv2 model with torch's results; ``unpatch`` restores it.
 
 from __future__ import annotations
 
+import importlib
 import re
 import shutil
 import sys
@@ -108,6 +109,28 @@ def _check_contract(op: str) -> None:
     assert len(served) >= 3 and all(o == "ok" or o.startswith(("declined", "raises")) for o in outcomes), outcomes
 
 
+def _counted(monkeypatch, module: str, name: str) -> list[int]:
+    """Count the calls the kernel entry ``module:name`` served (patched before ``enable()`` resolves it; the
+    plans kept from earlier runs dropped, so that each new layout's first call plans through it)."""
+    kernels = importlib.import_module(module)
+    real, calls = getattr(kernels, name), []
+
+    def counting(*args, **kwargs):
+        out = real(*args, **kwargs)  # a Decline propagates uncounted
+        calls.append(1)
+        return out
+
+    monkeypatch.setattr(kernels, name, counting)
+    flaggems.runtime.RUNTIME.clear_plans()
+    return calls
+
+
+def _never_native(op: str) -> None:
+    """No call of ``op`` went to its native kernel or reference through a plan (the compiled entry's counts)."""
+    stats = flaggems.runtime.RUNTIME.plan_stats()
+    assert all(row["native"] == 0 for key, row in stats.items() if key.startswith(f"{op}@")), stats
+
+
 def _run_cli(capsys, *argv: str) -> str:
     code = cli.main(list(argv))
     out = capsys.readouterr().out
@@ -124,23 +147,31 @@ def _check_kit_and_bench(capsys, op: str, name: str) -> None:
     assert name in _run_cli(capsys, "bench", "--smoke", "--op", name)
 
 
-def test_a_new_fused_op_is_one_folder_one_kernel_file_and_one_line(added, capsys):
+def test_a_new_fused_op_is_one_folder_one_kernel_file_and_one_line(added, capsys, monkeypatch):
     op = added("layer_scale")
     x, gamma = torch.randn(2, 5, 16), torch.rand(16) + 0.5
     torch.testing.assert_close(torch.ops.flaggems.layer_scale(x, gamma), x * gamma)  # defined: its reference
     assert "layer_scale" in {record.name for record in ops.specs()}
     assert re.search(r"^flaggems::layer_scale: generic", _run_cli(capsys, "routes"), re.M)
     _check_kit_and_bench(capsys, op, "layer_scale")
+    calls = _counted(monkeypatch, "flaggems.plugins.generic.layer_scale", "layer_scale")
     flaggems.enable(include=[op])
     try:
         torch.testing.assert_close(torch.ops.flaggems.layer_scale(x, gamma), x * gamma)
+        assert calls, "the routed call did not reach the kernel"
+        _never_native(op)
+        torch.library.opcheck(torch.ops.flaggems.layer_scale.default, (x, gamma))
+        compiled = torch.compile(lambda a, b: torch.ops.flaggems.layer_scale(a, b) + 1, backend="aot_eager",
+                                 dynamic=True)
+        torch.testing.assert_close(compiled(x, gamma), x * gamma + 1)
     finally:
         flaggems.disable()
 
 
-def test_the_fused_ops_patch_rule_patches_dinov2_with_torchs_results(added):
+def test_the_fused_ops_patch_rule_patches_dinov2_with_torchs_results(added, monkeypatch):
     transformers = pytest.importorskip("transformers")
     added("layer_scale")
+    calls = _counted(monkeypatch, "flaggems.plugins.generic.layer_scale", "layer_scale")
     config = transformers.Dinov2Config(hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
                                        intermediate_size=64, image_size=32, patch_size=8)
     model = transformers.Dinov2Model(config).eval()
@@ -155,6 +186,8 @@ def test_the_fused_ops_patch_rule_patches_dinov2_with_torchs_results(added):
         with torch.no_grad():
             got = model(pixels).last_hidden_state
         torch.testing.assert_close(got, want)
+        assert calls  # the kernel planned the four calls' one layout; the rest replayed its launches
+        _never_native("flaggems::layer_scale")
     finally:
         flaggems.disable()
         assert flaggems.unpatch(model)
@@ -162,13 +195,20 @@ def test_the_fused_ops_patch_rule_patches_dinov2_with_torchs_results(added):
     assert all(torch.equal(state[k], v) for k, v in model.state_dict().items())
 
 
-def test_a_new_aten_op_is_one_folder_one_kernel_file_and_one_line(added, capsys):
+def test_a_new_aten_op_is_one_folder_one_kernel_file_and_one_line(added, capsys, monkeypatch):
     op = added("abs")
     assert re.search(r"^abs: generic", _run_cli(capsys, "routes"), re.M)
     _check_kit_and_bench(capsys, op, "abs")
+    x = torch.tensor([[-1.5, 0.0, 2.0], [-0.0, float("inf"), -3.0]])
+    want = torch.abs(x)  # torch's kernel: flaggems not enabled yet
+    calls = _counted(monkeypatch, "flaggems.plugins.generic.abs", "abs_")
     flaggems.enable(include=[op])
     try:
-        x = torch.tensor([[-1.5, 0.0, 2.0], [-0.0, float("inf"), -3.0]])
-        torch.testing.assert_close(torch.abs(x), x.cpu().abs())
+        got = torch.abs(x)
+        assert calls, "the routed call did not reach the kernel"
+        _never_native(op)
+        torch.testing.assert_close(got, want)
+        assert torch.equal(got.signbit(), want.signbit())  # abs(-0.0) is +0.0
+        torch.library.opcheck(torch.ops.aten.abs.default, (x,))
     finally:
         flaggems.disable()
