@@ -130,7 +130,8 @@ class Tuning:
 
 
 #: The module kinds :func:`flaggems.patch` patches, which a :class:`PatchRule` names.
-PATCH_KINDS = ("norm", "mlp", "decoder_layer", "rotary", "resnet_block", "geglu", "attention", "unet_output")
+PATCH_KINDS = ("norm", "mlp", "decoder_layer", "rotary", "resnet_block", "geglu", "attention", "unet_output",
+               "decoder_attention")
 #: Kinds patched otherwise than by one module's forward (a modeling module's function; a norm and its
 #: activation together): a rule may decline them, not make their forward.
 DECLINE_ONLY_KINDS = ("rotary", "unet_output")

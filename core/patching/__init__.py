@@ -76,6 +76,7 @@ from torch import nn
 from .. import fused_linear
 from ..patch_rules import Rules
 from ..types import PatchRule
+from . import attention
 from ._base import (  # noqa: F401 - flaggems.patching's own names before the split
     _FUNCTIONS,
     _LOCK,
@@ -221,6 +222,18 @@ def _patch_new_kind(name: str, module: nn.Module, plugin: str, rule: PatchRule, 
         report.skipped.append((name, f"{type(module).__name__}: {reason}"))
 
 
+def _patch_attention_block(name: str, module: nn.Module, ruled: Rules, report: PatchReport, undo: _Undo) -> None:
+    """The attention's rotary embedding and ``DynamicCache`` append as one call (:mod:`.attention`), where its
+    forward is a reference form; otherwise the rotary embedding alone serves it, the reason in the report."""
+    reason = attention.attention_reason(module) or ruled.decline("decoder_attention", module)
+    if reason is None:
+        forward = ruled.forward("decoder_attention", module, attention.attention_forward)
+        _set_forward(module, forward, "decoder_attention", undo)
+        report.patched["rotary_cache_append (attention)"] += 1
+    else:
+        report.skipped.append((name, f"{type(module).__name__}: {reason}"))
+
+
 def _require_module(model: Any, name: str) -> None:
     """``TypeError`` (as torch's own module functions raise) for anything but an ``nn.Module``."""
     if not isinstance(model, nn.Module):
@@ -302,6 +315,7 @@ def patch(model: nn.Module, rules: Sequence[tuple[str, PatchRule]] = ()) -> Patc
                 if held not in undo.functions:
                     undo.functions.append(held)
                 report.patched["rotary_embedding (attention)"] += 1
+                _patch_attention_block(name, module, ruled, report, undo)
             else:
                 report.skipped.append((name, f"{cls}: {reason}"))
         elif (kind_row := _diffusers_kind(module)) is not None:

@@ -41,6 +41,7 @@ OPERATORS: tuple[OpImpl, ...] = (
     OpImpl("flaggems::rms_norm", f"{__name__}.rms_norm:rms_norm", dtypes=_FLOATS[:3]),
     OpImpl("flaggems::add_rms_norm", f"{__name__}.rms_norm:add_rms_norm", dtypes=_FLOATS[:3]),
     OpImpl("flaggems::rotary_embedding", f"{__name__}.rotary:rotary_embedding", dtypes=_FLOATS[:3]),
+    OpImpl("flaggems::rotary_cache_append", f"{__name__}.rotary_cache:rotary_cache_append", dtypes=_FLOATS[:3]),
     OpImpl("flaggems::group_norm_silu", f"{__name__}.group_norm_silu:group_norm_silu", dtypes=_FLOATS[:3]),
 )
 
