@@ -76,6 +76,7 @@ def test_patch_reports_every_fused_kind_and_keeps_results_and_state(family):
     activation = "gelu_tanh_mul (mlp)" if family == "Gemma" else "silu_mul (mlp)"
     assert dict(report.patched) == {"add_rms_norm (decoder layer)": layers, "rms_norm": norms, activation: layers,
                                     "rotary_embedding (attention)": layers, "q_k_v_proj (one GEMM)": layers,
+                                    "rotary_cache_append (attention)": layers,
                                     "gate_up_proj (one GEMM)": layers}, str(report)
     assert not report.skipped, str(report)
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
@@ -261,13 +262,16 @@ def test_the_operators_are_defined_at_import_with_their_references():
 #: multiplier): its norms, MLPs and rotary embeddings are patched alone. Gemma 2's and 3's layers (a norm
 #: before and after the attention and the MLP each) fuse the residual add with the pre-feedforward norm.
 QKV, GATE_UP = {"q_k_v_proj (one GEMM)": 2}, {"gate_up_proj (one GEMM)": 2}
+#: Attentions whose forward reads as Llama's (Mixtral's, Granite's): rotary and cache append fused.
+CACHE = {"rotary_cache_append (attention)": 2}
 FORM_FAMILIES = {
-    "Mixtral": {"add_rms_norm (decoder layer)": 2, "rms_norm": 3, "rotary_embedding (attention)": 2, **QKV},
+    "Mixtral": {"add_rms_norm (decoder layer)": 2, "rms_norm": 3, "rotary_embedding (attention)": 2, **QKV,
+                **CACHE},
     "Gemma2": {"add_rms_norm (decoder layer)": 2, "gelu_tanh_mul (mlp)": 2, "rms_norm": 7,
                "rotary_embedding (attention)": 2, **QKV, **GATE_UP},
     "Gemma3": {"add_rms_norm (decoder layer)": 2, "gelu_tanh_mul (mlp)": 2, "rms_norm": 11,
                "rotary_embedding (attention)": 2, **QKV, **GATE_UP},
-    "Granite": {"rms_norm": 5, "silu_mul (mlp)": 2, "rotary_embedding (attention)": 2, **QKV, **GATE_UP},
+    "Granite": {"rms_norm": 5, "silu_mul (mlp)": 2, "rotary_embedding (attention)": 2, **QKV, **GATE_UP, **CACHE},
     "SmolLM3": {"add_rms_norm (decoder layer)": 2, "rms_norm": 3, "silu_mul (mlp)": 2,
                 "rotary_embedding (attention)": 2, **QKV, **GATE_UP},
     # one gate_up projection, chunked (Phi-3's MLP form); its layer and partial rotary are other forms

@@ -98,7 +98,7 @@ def attention_reason(attention: nn.Module) -> str | None:
     """Why an attention's block is not fused (``None`` when it is): its form, its modeling module's names."""
     form = attention_form(attention)
     if form is None:
-        return "its forward reads as no attention form flaggems fuses (rotary embedding alone)"
+        return "rotary embedding patched alone: its forward reads as no attention form flaggems knows"
     module = sys.modules.get(type(attention).__module__)
     if not all(hasattr(module, name) for name in ("ALL_ATTENTION_FUNCTIONS", "eager_attention_forward")):
         return "its modeling module has no ALL_ATTENTION_FUNCTIONS / eager_attention_forward"
