@@ -127,7 +127,7 @@ def _dynamic_layer(cache: Any, index: int) -> Any:
     if getattr(cache, "offloading", False) or index >= len(cache.layers):
         return None
     layer = cache.layers[index]
-    if type(layer) is not classes[1] or not layer.is_initialized or layer.keys.dim() != 4:
+    if type(layer) is not classes[1] or not getattr(layer, "is_initialized", False) or layer.keys.dim() != 4:
         return None
     return layer
 
