@@ -70,6 +70,7 @@ def _fused(dev: torch.device) -> list[tuple[str, Callable[[], Any]]]:
     q = torch.randn(2, 3, 4 * 16, device=dev).view(2, 3, 4, 16).transpose(1, 2)  # [B, heads, S, D] view
     k = torch.randn(2, 3, 2 * 16, device=dev).view(2, 3, 2, 16).transpose(1, 2)
     angles = torch.randn(2, 3, 16, device=dev)
+    cache = torch.randn(2, 2, 5, 16, device=dev)  # keys (and values) of 5 positions: [B, kv heads, L, D]
     gate, up = torch.randn(2, 3, 96, device=dev), torch.randn(2, 3, 96, device=dev)
     blocks = torch.randn(2, 40, 5, 7, device=dev).to(memory_format=torch.channels_last)
     norm_weight, norm_bias = torch.randn(40, device=dev), torch.randn(40, device=dev)
@@ -79,6 +80,9 @@ def _fused(dev: torch.device) -> list[tuple[str, Callable[[], Any]]]:
         ("flaggems::add_rms_norm bf16", lambda: ops.add_rms_norm(hidden, residual, weight, 1e-6)[0]),
         ("flaggems::rotary_embedding q and k (GQA)", lambda: torch.cat([t.flatten() for t in ops.rotary_embedding(
             q, k, angles.cos(), angles.sin())])),
+        ("flaggems::rotary_cache_append (decode step on a DynamicCache)", lambda: torch.cat([
+            t.flatten() for t in ops.rotary_cache_append(q[:, :, :1], k[:, :, :1], k[:, :, 1:2], angles[:, :1].cos(),
+                                                         angles[:, :1].sin(), cache, cache)])),
         ("flaggems::silu_mul", lambda: ops.silu_mul(gate, up)),
         ("flaggems::gelu_tanh_mul", lambda: ops.gelu_tanh_mul(gate, up)),
         ("flaggems::gelu_mul (exact GELU: diffusers' GEGLU)", lambda: ops.gelu_mul(gate, up)),
@@ -96,6 +100,8 @@ def _fused(dev: torch.device) -> list[tuple[str, Callable[[], Any]]]:
     flaggems.patch(model)
     ids = torch.randint(0, 64, (1, 6), device=dev)
     rows.append(("flaggems.patch(LlamaForCausalLM) logits", lambda: _logits(model, ids)))
+    rows.append(("flaggems.patch(LlamaForCausalLM) generate (attention blocks fused on its DynamicCache)",
+                 lambda: _greedy_logits(model, ids)))
     if hasattr(transformers, "Gemma2Config"):  # no table names Gemma 2: patched by the form of its modules
         config = transformers.Gemma2Config(vocab_size=64, hidden_size=64, intermediate_size=96, num_hidden_layers=1,
                                            num_attention_heads=4, num_key_value_heads=2, head_dim=16,
@@ -109,6 +115,14 @@ def _fused(dev: torch.device) -> list[tuple[str, Callable[[], Any]]]:
 def _logits(model: Any, ids: torch.Tensor) -> torch.Tensor:
     with torch.no_grad():
         return model(ids).logits
+
+
+def _greedy_logits(model: Any, ids: torch.Tensor) -> torch.Tensor:
+    """The scores of 4 greedy tokens: decode steps run the fused rotary + cache append."""
+    with torch.no_grad():
+        out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=4, min_new_tokens=4,
+                             do_sample=False, output_scores=True, return_dict_in_generate=True, pad_token_id=0)
+    return torch.stack(out.scores)
 
 
 def _group_norm_grad(x: torch.Tensor, dy: torch.Tensor) -> torch.Tensor:
