@@ -26,6 +26,7 @@ cos, sin, keys, values)`` and ``outs`` ``(q_rot, keys', values')``.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -89,10 +90,6 @@ def reason(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos: torch.Tensor,
     return None
 
 
-def _unit_angles(shape: tuple[int, ...]) -> tuple[int, ...]:
-    return (0,) * len(shape)
-
-
 def geometry(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
              keys: torch.Tensor, values: torch.Tensor, unsqueeze_dim: int,
              dtypes: frozenset[torch.dtype] = DTYPES) -> Plan:
@@ -109,7 +106,7 @@ def geometry(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos: torch.Tenso
     cache_shape = (*keys.shape[:2], length + k.shape[2], keys.shape[3])
     cache_strides = tuple(contiguous_strides(list(cache_shape)))
     k_side = rotary.Side(k_side.shape, k_side.strides, k_side.angles, cache_strides)
-    copies = tuple(rotary.Side(tuple(t.shape), tuple(t.stride()), _unit_angles(t.shape), cache_strides)
+    copies = tuple(rotary.Side(tuple(t.shape), tuple(t.stride()), (0,) * 4, cache_strides)  # angles unused
                    for t in (keys, values, v))
     return Plan(q_side, k_side, copies, length, cache_shape)
 
@@ -145,8 +142,7 @@ def entry(prepare: Prepare, launch: Launch, dtypes: frozenset[torch.dtype] = DTY
         plan = plans.get(key)
         if plan is None:
             found = geometry(*tensors, unsqueeze_dim, dtypes)
-            plan = remember(plans, key, Plan(found.q, found.k, found.copies, found.offset, found.cache_shape,
-                                             prepare(found)))
+            plan = remember(plans, key, dataclasses.replace(found, prepared=prepare(found)))
         needs_grad(*tensors)
         outs = (rotary.allocate(q, plan.q), torch.empty(plan.cache_shape, dtype=q.dtype, device=q.device),
                 torch.empty(plan.cache_shape, dtype=q.dtype, device=q.device))

@@ -87,19 +87,24 @@ def _tile(row, col, sd, UNIT: tl.constexpr, INT64: tl.constexpr):
 
 
 @triton.jit
+def _block_rows(block, rows, n1, n2, BLOCK_R: tl.constexpr, INT64: tl.constexpr):
+    """Indices ``(i0, i1, i2)`` of rows ``[block * BLOCK_R, +BLOCK_R)`` of ``rows`` rows shaped ``(., n1, n2)``,
+    and the mask of those that exist (the others address row 0: no offset overflows)."""
+    r = _index(block, INT64) * BLOCK_R + tl.arange(0, BLOCK_R)
+    rmask = r < _index(rows, INT64)  # also every row of a block past this side's rows (the grid covers the longer)
+    r = tl.where(rmask, r, 0)
+    n1 = _index(n1, INT64)
+    n2 = _index(n2, INT64)
+    t = r // n2
+    return t // n1, t % n1, r % n2, rmask
+
+
+@triton.jit
 def _rotate_rows(x, o, cos, sin, block, rows, n1, n2, xs0, xs1, xs2, xsd, as0, as1, as2, asd, os0, os1, os2, osd,
                  BLOCK_R: tl.constexpr, HALF: tl.constexpr, HALF_P2: tl.constexpr, INTERLEAVED: tl.constexpr,
                  INVERSE: tl.constexpr, UNIT: tl.constexpr, ALIGNED: tl.constexpr, INT64: tl.constexpr):
     """Rotate rows ``[block * BLOCK_R, +BLOCK_R)`` of one side (see the module docstring)."""
-    r = _index(block, INT64) * BLOCK_R + tl.arange(0, BLOCK_R)
-    rmask = r < _index(rows, INT64)  # also every row of a block past this side's rows (the grid covers the longer)
-    r = tl.where(rmask, r, 0)  # masked rows address row 0: no offset overflows
-    n1 = _index(n1, INT64)
-    n2 = _index(n2, INT64)
-    i2 = r % n2
-    t = r // n2
-    i1 = t % n1
-    i0 = t // n1
+    i0, i1, i2, rmask = _block_rows(block, rows, n1, n2, BLOCK_R, INT64)
     xrow = _row_offsets(i0, i1, i2, xs0, xs1, xs2, ALIGNED, INT64)
     arow = _row_offsets(i0, i1, i2, as0, as1, as2, ALIGNED, INT64)
     orow = _row_offsets(i0, i1, i2, os0, os1, os2, ALIGNED, INT64)

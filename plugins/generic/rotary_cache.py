@@ -34,9 +34,8 @@ import triton.language as tl
 
 from flaggems.fronts import rotary_cache as front
 from flaggems.toolkit import FastLauncher, cdiv, next_pow2, tuning
-from flaggems.toolkit.jit_helpers import index_type as _index
 
-from .rotary import INT32_LIMIT, ROW_DIMS, _reach, _rotate_rows, _row_offsets, _rows, _tile
+from .rotary import INT32_LIMIT, ROW_DIMS, _block_rows, _reach, _rotate_rows, _row_offsets, _rows, _tile
 
 _ROTATE = ("rows", "n1", "n2", "xs0", "xs1", "xs2", "xsd", "as0", "as1", "as2", "asd", "os0", "os1", "os2", "osd",
            "off")
@@ -50,15 +49,7 @@ def _copy_rows(x, o, block, rows, n1, n2, xs0, xs1, xs2, xsd, os0, os1, os2, osd
                D: tl.constexpr, D_P2: tl.constexpr, UNIT: tl.constexpr, ALIGNED: tl.constexpr,
                INT64: tl.constexpr):
     """Copy rows ``[block * BLOCK_R, +BLOCK_R)`` of ``x`` (``D`` columns each) to the same rows of ``o``."""
-    r = _index(block, INT64) * BLOCK_R + tl.arange(0, BLOCK_R)
-    rmask = r < _index(rows, INT64)
-    r = tl.where(rmask, r, 0)  # masked rows address row 0: no offset overflows
-    n1 = _index(n1, INT64)
-    n2 = _index(n2, INT64)
-    i2 = r % n2
-    t = r // n2
-    i1 = t % n1
-    i0 = t // n1
+    i0, i1, i2, rmask = _block_rows(block, rows, n1, n2, BLOCK_R, INT64)
     col = tl.arange(0, D_P2)
     if D == D_P2:
         mask = tl.broadcast_to(rmask[:, None], (BLOCK_R, D_P2))  # constant along a row: loads vectorise
